@@ -1,0 +1,112 @@
+"""Configuration: the one source of truth for engine, speculation and sampling options.
+
+Each option is a dataclass field with its help text in `metadata`; the CLI builds its flags from
+these fields (see `cli.add_dataclass_flags`), so a new option is added here once. Configurations
+are frozen: nothing mutates them at run time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from verispec.errors import ConfigError, InvalidSamplingParamsError, InvalidSpeculativeConfigError
+
+
+def opt(default: Any, help: str, **kw: Any) -> Any:
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help, **kw})
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens and when to stop. temperature 0 means greedy."""
+
+    temperature: float = opt(1.0, "sampling temperature; 0 = greedy")
+    top_p: float = opt(1.0, "nucleus sampling mass in (0, 1]; 1 = off")
+    top_k: int = opt(0, "keep the k most likely tokens; 0 or -1 = off")
+    seed: int | None = opt(None, "seed of this request's random generator (reproducible sampling)")
+    max_tokens: int = opt(256, "maximum number of new tokens")
+    stop: list[str] | str | None = opt(None, "stop strings (not included in the text)")
+    stop_token_ids: list[int] | None = opt(None, "token ids that end generation")
+    ignore_eos: bool = opt(False, "keep generating past end-of-sequence tokens")
+
+    def __post_init__(self) -> None:
+        def bad(msg: str) -> None:
+            raise InvalidSamplingParamsError(msg)
+
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
+            bad(f"temperature must be a number, got {self.temperature!r}")
+        if not 0.0 <= self.temperature <= 100.0 or self.temperature != self.temperature:
+            bad(f"temperature must be in [0, 100], got {self.temperature}")
+        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+            bad(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
+            bad(f"top_k must be an integer >= -1 (0 or -1 = off), got {self.top_k!r}")
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            bad(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            bad(f"seed must be an integer, got {self.seed!r}")
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if any(not isinstance(s, str) or not s for s in stops):
+            bad(f"stop must be non-empty strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", stops)
+        ids = list(self.stop_token_ids or [])
+        if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
+            bad(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+        object.__setattr__(self, "stop_token_ids", ids)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Which drafter proposes tokens and how many per step."""
+
+    method: str | None = opt(None, "drafter: prompt_lookup, draft_model (none = plain decoding)")
+    num_speculative_tokens: int = opt(4, "draft tokens proposed per step (k)")
+    draft_model: str | None = opt(None, "draft model (name or path) for method draft_model")
+    prompt_lookup_min: int = opt(1, "smallest n-gram prompt lookup matches")
+    prompt_lookup_max: int = opt(4, "largest n-gram prompt lookup matches")
+
+    def __post_init__(self) -> None:
+        k = self.num_speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 64:
+            raise InvalidSpeculativeConfigError(f"num_speculative_tokens must be in 1..64, got {k!r}")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise InvalidSpeculativeConfigError(
+                "need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
+                f"{self.prompt_lookup_min}, {self.prompt_lookup_max}"
+            )
+        if self.method == "draft_model" and not self.draft_model:
+            raise InvalidSpeculativeConfigError("method draft_model needs draft_model=<name or path>")
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any] | None) -> "SpeculativeConfig":
+        raw = dict(raw or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise InvalidSpeculativeConfigError(
+                f"unknown speculative option(s) {unknown}; known: {sorted(known)}"
+            )
+        return cls(**raw)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything `LLM(...)` and the CLI take, besides sampling."""
+
+    model: str = opt("smollm2-135m", "model: a bundled name (smollm2-135m, gemma3-270m), a .gguf file or an HF folder")
+    dtype: str = opt("float32", "weight and activation precision: float32 or bfloat16")
+    max_model_len: int | None = opt(None, "cap on prompt + generated tokens (default: the model's context)")
+    num_threads: int | None = opt(None, "torch CPU threads (default: torch's choice)")
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")

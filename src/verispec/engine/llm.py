@@ -1,0 +1,148 @@
+"""The offline API, in the vLLM style:
+
+    from verispec import LLM, SamplingParams
+    llm = LLM(model="smollm2-135m", speculative={"method": "prompt_lookup", "num_speculative_tokens": 4})
+    out = llm.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=32))[0]
+    print(out.text, out.metrics.mean_acceptance_length)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import torch
+
+from verispec.config import EngineConfig, SamplingParams, SpeculativeConfig
+from verispec.engine.metrics import RequestMetrics
+from verispec.engine.runner import TorchRunner
+from verispec.engine.speculative import Request, SpeculativeDecoder
+from verispec.errors import ConfigError, InvalidPromptError
+from verispec.models.registry import load_model
+from verispec.proposers.base import create_proposer
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def build_runner(model: str, dtype: torch.dtype | str = torch.float32, max_context: int | None = None) -> TorchRunner:
+    loaded = load_model(model)
+    if isinstance(dtype, str):
+        dtype = _DTYPES[dtype]
+    return TorchRunner(loaded.config, loaded.weights, loaded.tokenizer, dtype=dtype, max_context=max_context)
+
+
+@dataclass
+class CompletionOutput:
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    metrics: RequestMetrics
+
+
+@dataclass
+class RequestOutput:
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput] = field(default_factory=list)
+
+    # the single completion's fields, directly on the output
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.outputs[0].finish_reason
+
+    @property
+    def metrics(self) -> RequestMetrics:
+        return self.outputs[0].metrics
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str = "smollm2-135m",
+        speculative: dict[str, Any] | SpeculativeConfig | None = None,
+        **engine_options: Any,
+    ) -> None:
+        spec = speculative if isinstance(speculative, SpeculativeConfig) else SpeculativeConfig.from_dict(speculative)
+        known = {f.name for f in dataclasses.fields(EngineConfig)} - {"model", "speculative"}
+        unknown = sorted(set(engine_options) - known)
+        if unknown:
+            raise ConfigError(f"unknown LLM option(s) {unknown}; known: {sorted(known)}")
+        self.config = EngineConfig(model=model, speculative=spec, **engine_options)
+        if self.config.num_threads:
+            torch.set_num_threads(self.config.num_threads)
+        self.runner = build_runner(model, self.config.dtype, self.config.max_model_len)
+        self.tokenizer = self.runner.tokenizer
+        proposer = create_proposer(spec, self.runner) if spec.method else None
+        self.decoder = SpeculativeDecoder(self.runner, proposer, spec.num_speculative_tokens)
+
+    def generate(
+        self,
+        prompts: str | list[int] | Iterable[str] | Iterable[list[int]],
+        sampling_params: SamplingParams | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Complete each prompt (text, or a list of token ids). One output per prompt, in order."""
+        params = sampling_params or SamplingParams()
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        items = list(prompts)
+        if use_tqdm:
+            from tqdm import tqdm
+
+            items = tqdm(items, desc="generate", unit="prompt")
+        outputs = []
+        for prompt in items:
+            if isinstance(prompt, str):
+                text, ids = prompt, self.tokenizer.encode(prompt)
+            elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+                text, ids = None, list(prompt)
+            else:
+                raise InvalidPromptError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+            outputs.append(self._run(text, ids, params))
+        return outputs
+
+    def chat(
+        self,
+        messages: list[dict[str, str]] | list[list[dict[str, str]]],
+        sampling_params: SamplingParams | None = None,
+    ) -> list[RequestOutput]:
+        """Chat completion with the model's chat template; one conversation or a list of them."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        outs = []
+        for conv in conversations:
+            _check_messages(conv)
+            ids = self.tokenizer.encode_chat(conv)  # type: ignore[arg-type]
+            outs.append(self._run(None, ids, sampling_params or SamplingParams()))
+        return outs
+
+    def _run(self, text: str | None, ids: list[int], params: SamplingParams) -> RequestOutput:
+        req = self.decoder.generate(ids, params)
+        return RequestOutput(text, ids, [_completion(req)])
+
+
+def _completion(req: Request) -> CompletionOutput:
+    text = req.stops.final_text(req.output_ids, req.text_end)
+    return CompletionOutput(text, list(req.output_ids), req.finish_reason, req.metrics)
+
+
+def _check_messages(messages: Any) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise InvalidPromptError("messages must be a non-empty list of {'role', 'content'} dicts")
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str) or m.get("role") not in (
+            "system",
+            "user",
+            "assistant",
+        ):
+            raise InvalidPromptError(
+                f"each message needs role system/user/assistant and string content, got {m!r}"
+            )

@@ -1,0 +1,80 @@
+"""The narrow interface between the engine and a model backend.
+
+Everything above this line (drafters, verifier, scheduler) talks to models only through
+`ModelRunner`: open a sequence, forward new tokens at the sequence's next positions and get
+logits (and hidden states where the backend has them), truncate, free. A second backend
+(llama.cpp, a later issue) implements the same verbs.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Protocol
+
+import torch
+
+from verispec.models.config import ModelConfig
+from verispec.models.kv_cache import KVCache
+from verispec.models.transformer import ForwardOutput, Transformer
+from verispec.tokenizer import Tokenizer
+
+
+class ModelRunner(Protocol):
+    vocab_size: int
+    max_context: int
+    tokenizer: Tokenizer
+    eos_token_ids: tuple[int, ...]
+
+    def open(self, capacity: int) -> int:
+        """Open a sequence able to hold `capacity` tokens; returns its id."""
+
+    def forward(self, seq: int, tokens: list[int], num_logits: int = 1, return_hidden: bool = False) -> ForwardOutput:
+        """Append `tokens` at the sequence's next positions; logits of the last `num_logits` of them."""
+
+    def length(self, seq: int) -> int:
+        """Number of tokens whose keys/values the sequence holds."""
+
+    def truncate(self, seq: int, length: int) -> None:
+        """Forget every position >= length (O(1))."""
+
+    def close(self, seq: int) -> None:
+        """Free the sequence's memory."""
+
+
+class TorchRunner:
+    """ModelRunner over our PyTorch Transformer; one preallocated KVCache per sequence."""
+
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], tokenizer: Tokenizer,
+                 dtype: torch.dtype = torch.float32, max_context: int | None = None) -> None:
+        if dtype != torch.float32:
+            weights = {k: v.to(dtype) for k, v in weights.items()}
+        self.model = Transformer(config, weights)
+        self.config = config
+        self.tokenizer = tokenizer
+        self.vocab_size = config.vocab_size
+        self.max_context = min(config.max_position, max_context or config.max_position)
+        self.eos_token_ids = tuple(dict.fromkeys([*config.eos_token_ids, *tokenizer.eos_token_ids]))
+        self._caches: dict[int, KVCache] = {}
+        self._ids = itertools.count()
+
+    def open(self, capacity: int) -> int:
+        seq = next(self._ids)
+        self._caches[seq] = self.model.new_cache(capacity)
+        return seq
+
+    def forward(self, seq: int, tokens: list[int], num_logits: int = 1, return_hidden: bool = False) -> ForwardOutput:
+        ids = torch.tensor(tokens, dtype=torch.int64)
+        return self.model.forward(ids, self._caches[seq], num_logits, return_hidden)
+
+    def length(self, seq: int) -> int:
+        return self._caches[seq].length
+
+    def truncate(self, seq: int, length: int) -> None:
+        self._caches[seq].truncate(length)
+
+    def close(self, seq: int) -> None:
+        self._caches.pop(seq, None)
+
+    @property
+    def open_sequences(self) -> int:
+        return len(self._caches)

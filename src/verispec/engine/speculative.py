@@ -1,0 +1,163 @@
+"""The decoding loop: one request, one speculative step at a time.
+
+Invariant: the target's cache holds every token of the request except the last one (`pending`,
+the newest output token, not yet seen by the target). A step:
+
+  1. propose  the drafter offers up to k tokens continuing prompt + output;
+  2. verify   one target forward over [pending] + draft -> logits at all k + 1 positions;
+  3. accept   greedy: keep drafts while they equal the target's argmax; sampling: lossless
+              rejection sampling; either way one more token (recovered or bonus) follows;
+  4. commit   roll the target's cache back to the kept tokens, tell the drafter;
+  5. emit     append the kept tokens, stopping at exactly the token where a stop condition hits.
+
+Plain decoding is the same loop with no drafter (k = 0): a one-token forward and one token out.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from verispec.config import SamplingParams
+from verispec.engine.metrics import RequestMetrics
+from verispec.engine.runner import ModelRunner
+from verispec.engine.stops import StopChecker
+from verispec.errors import ContextLengthError, InvalidPromptError
+from verispec.proposers.base import Draft, Proposer, SequenceView
+from verispec.sampling.processors import logits_to_probs
+from verispec.sampling.rejection import VerifyOutput, greedy_verify, rejection_sample
+
+
+@dataclass
+class Request:
+    request_id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    view: SequenceView  # view.tokens is prompt + output, shared with the drafter
+    stops: StopChecker
+    target_seq: int
+    output_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    text_end: int | None = None
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    started: float = 0.0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class SpeculativeDecoder:
+    def __init__(self, target: ModelRunner, proposer: Proposer | None = None, num_speculative_tokens: int = 0) -> None:
+        self.target = target
+        self.proposer = proposer
+        self.k = num_speculative_tokens if proposer is not None else 0
+        self._next_id = 0
+
+    # -- request lifecycle --------------------------------------------------------------------
+    def start(self, prompt_ids: list[int], params: SamplingParams) -> Request:
+        """Check the request, prefill the prompt and emit the first token."""
+        self._check_prompt(prompt_ids, params)
+        capacity = len(prompt_ids) + params.max_tokens
+        generator = None
+        if not params.greedy:
+            generator = torch.Generator()
+            generator.manual_seed(params.seed if params.seed is not None else int(torch.randint(2**62, ())))
+        self._next_id += 1
+        view = SequenceView(self._next_id, list(prompt_ids), len(prompt_ids), params, generator, capacity)
+        req = Request(
+            request_id=self._next_id,
+            prompt_ids=list(prompt_ids),
+            params=params,
+            view=view,
+            stops=StopChecker(params, self.target.tokenizer, self.target.eos_token_ids),
+            target_seq=self.target.open(capacity),
+            started=time.perf_counter(),
+        )
+        req.metrics.num_prompt_tokens = len(prompt_ids)
+        if self.proposer is not None:
+            self.proposer.begin(view)
+        logits = self.target.forward(req.target_seq, prompt_ids, num_logits=1).logits  # [1, vocab]
+        req.metrics.num_target_forwards += 1
+        first = self._accept(req, logits, Draft(tokens=[]))
+        self._emit(req, first.output_tokens[0, :1].tolist())
+        req.metrics.time_to_first_token = time.perf_counter() - req.started
+        return req
+
+    def finish(self, req: Request) -> None:
+        """Free the request's caches (target and drafter)."""
+        req.metrics.total_time = time.perf_counter() - req.started
+        req.metrics.num_output_tokens = len(req.output_ids)
+        self.target.close(req.target_seq)
+        if self.proposer is not None:
+            self.proposer.end(req.view)
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Request:
+        req = self.start(prompt_ids, params)
+        try:
+            while not req.finished:
+                self.step(req)
+        finally:
+            self.finish(req)
+        return req
+
+    # -- one step -----------------------------------------------------------------------------
+    def step(self, req: Request) -> list[int]:
+        """One propose-verify-accept-commit-emit step; returns the tokens emitted."""
+        pending = req.output_ids[-1]
+        base = self.target.length(req.target_seq)  # tokens the target holds; pending goes here
+        # 1. propose (never more than can still be emitted, so the cache never overflows)
+        k = min(self.k, req.params.max_tokens - len(req.output_ids) - 1)
+        draft = self.proposer.propose(req.view, k) if k > 0 else Draft(tokens=[])
+        draft = Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k])
+        # 2. verify
+        logits = self.target.forward(req.target_seq, [pending, *draft.tokens], num_logits=len(draft) + 1).logits
+        req.metrics.num_target_forwards += 1
+        # 3. accept
+        result = self._accept(req, logits, draft)  # logits [n + 1, vocab]
+        num_accepted = int(result.num_accepted[0])
+        block = result.output_tokens[0, : num_accepted + 1].tolist()
+        # 4. commit
+        self.target.truncate(req.target_seq, base + 1 + num_accepted)
+        if self.proposer is not None and len(draft):
+            self.proposer.accept(req.view, num_accepted)
+        # 5. emit
+        emitted = self._emit(req, block)
+        req.metrics.observe_draft(len(draft), min(num_accepted, len(emitted)))
+        return emitted
+
+    def _accept(self, req: Request, logits: torch.Tensor, draft: Draft) -> VerifyOutput:
+        draft_tokens = torch.tensor([draft.tokens], dtype=torch.int64)  # [1, n]
+        if req.params.greedy:
+            return greedy_verify(logits.argmax(dim=-1)[None], draft_tokens)
+        p = req.params
+        target_probs = logits_to_probs(logits, p.temperature, p.top_k, p.top_p)[None]  # [1, n + 1, vocab]
+        draft_probs = None if draft.probs is None else draft.probs[None]  # [1, n, vocab]
+        return rejection_sample(target_probs, draft_probs, draft_tokens, generators=req.view.generator)
+
+    def _emit(self, req: Request, block: list[int]) -> list[int]:
+        result = req.stops.check(req.output_ids, block)
+        kept = block[: result.num_kept]
+        req.output_ids.extend(kept)
+        req.view.tokens.extend(kept)
+        if result.finish_reason is not None:
+            req.finish_reason = result.finish_reason
+            req.text_end = result.text_end
+        return kept
+
+    # -- checks -------------------------------------------------------------------------------
+    def _check_prompt(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        if not prompt_ids:
+            raise InvalidPromptError("the prompt is empty (it encodes to no tokens)")
+        vocab = self.target.vocab_size
+        bad = [t for t in prompt_ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidPromptError(f"prompt token ids out of the vocabulary [0, {vocab}): {bad[:5]}")
+        need = len(prompt_ids) + params.max_tokens
+        if need > self.target.max_context:
+            raise ContextLengthError(
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {need} "
+                f"exceeds the model's context of {self.target.max_context} tokens"
+            )

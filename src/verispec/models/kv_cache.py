@@ -1,0 +1,67 @@
+"""KVCache: one sequence's preallocated key/value buffers, owned by that sequence.
+
+Keys and values are written at explicit positions; `length` says how many positions are
+valid. Rolling back after a rejected draft is O(1): `truncate` only moves `length` back, the
+stale entries are overwritten by the next write. Sliding-window layers (Gemma 3) keep every
+position too; the attention mask, not the cache, limits what they see, so truncation never
+has to restore entries that slid out of a window.
+
+Example (k = 3 drafts, 1 accepted):
+    cache.length == 10                 # prompt and committed tokens
+    model writes [last, d1, d2, d3]    # positions 10..13, cache.length == 14
+    cache.truncate(12)                 # keep last and d1; d2, d3 forgotten
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        shape = (num_layers, num_kv_heads, capacity, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # [layers, kv_heads, capacity, head_dim]
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.capacity = capacity
+        self.length = 0
+
+    def write(self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Store keys/values [kv_heads, T, head_dim] at positions start..start+T-1."""
+        end = start + keys.shape[1]
+        if end > self.capacity:
+            raise IndexError(f"KV cache overflow: writing up to {end} into capacity {self.capacity}")
+        self.keys[layer, :, start:end] = keys
+        self.values[layer, :, start:end] = values
+
+    def view(self, layer: int, begin: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of positions begin..end-1: two [kv_heads, end-begin, head_dim] views."""
+        return self.keys[layer, :, begin:end], self.values[layer, :, begin:end]
+
+    def truncate(self, length: int) -> None:
+        """Forget every position >= length. O(1)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
+        self.length = length
+
+    def keep(self, start: int, indices: torch.Tensor) -> None:
+        """Keep a path: move the entries at `start + indices` to start, start+1, ...; drop the rest.
+
+        For token trees: after verifying a tree written at start.., the accepted path's
+        entries are gathered into place with one index operation per buffer.
+        """
+        src = start + indices
+        n = int(indices.numel())
+        self.keys[:, :, start : start + n] = self.keys[:, :, src]
+        self.values[:, :, start : start + n] = self.values[:, :, src]
+        self.length = start + n
+
+    def nbytes(self) -> int:
+        return self.keys.numel() * self.keys.element_size() * 2

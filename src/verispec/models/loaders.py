@@ -1,0 +1,293 @@
+"""Loaders: a Hugging Face folder or a GGUF file -> (ModelConfig, weights in our names, tokenizer).
+
+GGUF files are dequantised to float32 once and the result (weights, config, tokenizer) is
+cached on disk keyed by the file's SHA-256, so a second load is a memory map of safetensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from verispec.errors import ModelNotFoundError, UnsupportedModelError
+from verispec.models.config import FULL, SLIDING, ModelConfig, RopeConfig, config_from_hf
+from verispec.tokenizer import Tokenizer
+
+CACHE_VERSION = "1"
+
+
+@dataclass
+class LoadedModel:
+    config: ModelConfig
+    weights: dict[str, torch.Tensor]
+    tokenizer: Tokenizer
+    source: str
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("VERISPEC_CACHE", Path.home() / ".cache" / "verispec"))
+
+
+def _log(msg: str) -> None:
+    print(f"[verispec] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face folder
+
+
+def _fuse(weights: dict[str, torch.Tensor], out: str, parts: list[str]) -> None:
+    if all(p in weights for p in parts):
+        weights[out] = torch.cat([weights.pop(p) for p in parts], dim=0).contiguous()
+
+
+def hf_to_ours(config: ModelConfig, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Rename and fuse a Hugging Face state dict (Llama/Qwen/Gemma 3 naming) into ours."""
+    w: dict[str, torch.Tensor] = {}
+    gemma = config.arch == "gemma3"
+    for name, t in hf.items():
+        name = name.removeprefix("model.language_model.").removeprefix("language_model.")
+        name = name.removeprefix("model.")
+        t = t.float() if t.is_floating_point() else t
+        if name.startswith("layers."):
+            i, rest = name.split(".", 2)[1:]
+            rest = {
+                "input_layernorm.weight": "attn_norm.weight",
+                "self_attn.q_norm.weight": "q_norm.weight",
+                "self_attn.k_norm.weight": "k_norm.weight",
+                "self_attn.o_proj.weight": "o.weight",
+                "post_attention_layernorm.weight": "post_attn_norm.weight" if gemma else "mlp_norm.weight",
+                "pre_feedforward_layernorm.weight": "mlp_norm.weight",
+                "post_feedforward_layernorm.weight": "post_mlp_norm.weight",
+                "mlp.down_proj.weight": "down.weight",
+            }.get(rest, rest)
+            name = f"layers.{i}.{rest}"
+        elif name == "embed_tokens.weight":
+            name = "embed.weight"
+        if gemma and name.endswith("norm.weight"):
+            t = t + config.norm_offset
+        w[name] = t
+    for i in range(config.num_layers):
+        p = f"layers.{i}."
+        for kind in ("weight", "bias"):
+            _fuse(w, p + f"qkv.{kind}", [p + f"self_attn.{x}_proj.{kind}" for x in "qkv"])
+        _fuse(w, p + "gate_up.weight", [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"])
+    if config.tie_embeddings:
+        w.pop("lm_head.weight", None)
+    return w
+
+
+def load_hf_folder(path: Path) -> LoadedModel:
+    cfg_path = path / "config.json"
+    if not cfg_path.exists():
+        raise ModelNotFoundError(f"{path} has no config.json: not a Hugging Face model folder")
+    config = config_from_hf(json.loads(cfg_path.read_text()))
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelNotFoundError(f"{path} has no *.safetensors weights")
+    hf: dict[str, torch.Tensor] = {}
+    for f in files:
+        hf.update(load_file(str(f)))
+    tokenizer = Tokenizer.from_hf_folder(path)
+    if not config.eos_token_ids and tokenizer.eos_token_ids:
+        config = _replace(config, eos_token_ids=tokenizer.eos_token_ids)
+    return LoadedModel(config, hf_to_ours(config, hf), tokenizer, str(path))
+
+
+def _replace(config: ModelConfig, **changes) -> ModelConfig:
+    import dataclasses
+
+    return dataclasses.replace(config, **changes)
+
+
+# ---------------------------------------------------------------------------------------------
+# GGUF file
+
+_GGUF_ARCHS = {"llama", "mistral", "qwen2", "qwen3", "gemma3"}
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file, memoised on (path, size, mtime) so repeated loads skip the hashing."""
+    st = path.stat()
+    memo = cache_root() / "hashes.json"
+    key = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+    try:
+        known = json.loads(memo.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key in known:
+        return known[key]
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    known[key] = h.hexdigest()
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    tmp = memo.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(known))
+    tmp.replace(memo)
+    return known[key]
+
+
+def load_gguf(path: Path) -> LoadedModel:
+    digest = file_sha256(path)
+    folder = cache_root() / f"gguf-{digest[:24]}-v{CACHE_VERSION}"
+    if (folder / "done").exists():
+        config = ModelConfig.from_json((folder / "config.json").read_text())
+        weights = load_file(str(folder / "weights.safetensors"))
+        return LoadedModel(config, weights, Tokenizer.load(folder), str(path))
+    _log(f"converting {path.name} (first load; cached in {folder})")
+    t0 = time.time()
+    config, weights, tokenizer = convert_gguf(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(weights, str(folder / "weights.safetensors"))
+    (folder / "config.json").write_text(config.to_json())
+    tokenizer.save(folder)
+    (folder / "done").write_text(str(path))
+    _log(f"converted in {time.time() - t0:.1f}s")
+    weights = load_file(str(folder / "weights.safetensors"))  # memory-mapped, not the heap copies
+    return LoadedModel(config, weights, tokenizer, str(path))
+
+
+def _field(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    v = f.contents()
+    return v
+
+
+def _reverse_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation (its RoPE pairs adjacent dims; ours pairs halves)."""
+    rows = w.shape[0]
+    return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_config(reader, tokenizer: Tokenizer) -> ModelConfig:
+    arch = _field(reader, "general.architecture")
+    if arch not in _GGUF_ARCHS:
+        raise UnsupportedModelError(
+            f"GGUF architecture {arch!r} is not supported; supported: {', '.join(sorted(_GGUF_ARCHS))}"
+        )
+    g = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
+    hidden = int(g("embedding_length"))
+    heads = int(g("attention.head_count"))
+    head_dim = int(g("attention.key_length", hidden // heads))
+    n_layers = int(g("block_count"))
+    names = {t.name for t in reader.tensors}
+    vocab = int(g("vocab_size", 0) or tokenizer.vocab_size)
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_layers=n_layers,
+        num_heads=heads,
+        num_kv_heads=int(g("attention.head_count_kv", heads)),
+        head_dim=head_dim,
+        intermediate_size=int(g("feed_forward_length")),
+        rms_eps=float(g("attention.layer_norm_rms_epsilon", 1e-6)),
+        max_position=int(g("context_length", 4096)),
+        tie_embeddings="output.weight" not in names,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_ids=tokenizer.eos_token_ids,
+    )
+    scaling = g("rope.scaling.type")
+    if scaling and scaling not in ("none", "linear"):
+        raise UnsupportedModelError(f"GGUF RoPE scaling {scaling!r} is not supported")
+    rope = RopeConfig(
+        theta=float(g("rope.freq_base", 10000.0)),
+        kind="linear" if scaling == "linear" else "default",
+        factor=float(g("rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0,
+    )
+    if arch == "gemma3":
+        # llama.cpp fixes the pattern (every 6th layer global) and the local RoPE base.
+        layer_types = tuple(FULL if (i + 1) % 6 == 0 else SLIDING for i in range(n_layers))
+        return ModelConfig(
+            arch="gemma3",
+            rope=rope,
+            rope_local=RopeConfig(theta=10000.0),
+            layer_types=layer_types,
+            sliding_window=int(g("attention.sliding_window", 512)),
+            qk_norm=True,
+            norm_offset=1.0,
+            sandwich_norm=True,
+            embed_scale=math.sqrt(hidden),
+            activation="gelu_tanh",
+            attn_scale=head_dim**-0.5,
+            **common,
+        )
+    window = g("attention.sliding_window")
+    return ModelConfig(
+        arch="llama",
+        rope=rope,
+        layer_types=(SLIDING,) * n_layers if window else (),
+        sliding_window=int(window) if window else None,
+        qkv_bias="blk.0.attn_q.bias" in names,
+        qk_norm="blk.0.attn_q_norm.weight" in names,
+        **common,
+    )
+
+
+_GGUF_NAMES = {
+    "attn_norm.weight": "attn_norm.weight",
+    "attn_q_norm.weight": "q_norm.weight",
+    "attn_k_norm.weight": "k_norm.weight",
+    "attn_output.weight": "o.weight",
+    "post_attention_norm.weight": "post_attn_norm.weight",
+    "ffn_norm.weight": "mlp_norm.weight",
+    "post_ffw_norm.weight": "post_mlp_norm.weight",
+    "ffn_down.weight": "down.weight",
+}
+
+
+def convert_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as e:  # a truncated or foreign file: say so, not a numpy traceback
+        raise UnsupportedModelError(f"{path} is not a readable GGUF file: {e}") from e
+    tokenizer = Tokenizer.from_gguf(reader)
+    config = gguf_config(reader, tokenizer)
+    permute = _field(reader, "general.architecture") in ("llama", "mistral")
+    raw: dict[str, np.ndarray] = {}
+    for t in reader.tensors:
+        try:
+            raw[t.name] = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+        except NotImplementedError as e:
+            raise UnsupportedModelError(f"GGUF tensor type {t.tensor_type.name} of {t.name} is not supported") from e
+    w: dict[str, torch.Tensor] = {
+        "embed.weight": torch.from_numpy(raw.pop("token_embd.weight")),
+        "norm.weight": torch.from_numpy(raw.pop("output_norm.weight")),
+    }
+    if "output.weight" in raw:
+        w["lm_head.weight"] = torch.from_numpy(raw.pop("output.weight"))
+    for i in range(config.num_layers):
+        b = f"blk.{i}."
+        q, k, v = (raw.pop(b + f"attn_{x}.weight") for x in "qkv")
+        if permute:
+            q, k = _reverse_permute(q, config.num_heads), _reverse_permute(k, config.num_kv_heads)
+        w[f"layers.{i}.qkv.weight"] = torch.from_numpy(np.concatenate([q, k, v]))
+        if b + "attn_q.bias" in raw:
+            w[f"layers.{i}.qkv.bias"] = torch.from_numpy(
+                np.concatenate([raw.pop(b + f"attn_{x}.bias") for x in "qkv"])
+            )
+        w[f"layers.{i}.gate_up.weight"] = torch.from_numpy(
+            np.concatenate([raw.pop(b + "ffn_gate.weight"), raw.pop(b + "ffn_up.weight")])
+        )
+        for src, dst in _GGUF_NAMES.items():
+            if b + src in raw:
+                w[f"layers.{i}.{dst}"] = torch.from_numpy(raw.pop(b + src))
+    leftovers = [n for n in raw if not n.startswith("rope_")]
+    if leftovers:
+        raise UnsupportedModelError(f"GGUF tensors not understood: {leftovers[:5]}")
+    return config, {k: v.contiguous() for k, v in w.items()}, tokenizer

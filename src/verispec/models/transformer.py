@@ -1,0 +1,232 @@
+"""Our decoder: one forward for the Llama family and Gemma 3.
+
+Architectures differ by small named switches of ModelConfig (QKV bias, q/k norm, sandwich
+norms, embedding scale, activation, per-layer sliding window and RoPE base), never by a forked
+model file.
+
+Weights use our own names and fused layouts (see `WEIGHT_NAMES`):
+    embed.weight                  [vocab, hidden]
+    lm_head.weight                [vocab, hidden]   (absent when tied to embed)
+    norm.weight                   [hidden]
+    layers.{i}.attn_norm.weight   [hidden]
+    layers.{i}.qkv.weight         [(heads + 2 * kv_heads) * head_dim, hidden]   q, k, v stacked
+    layers.{i}.qkv.bias           [(heads + 2 * kv_heads) * head_dim]           Qwen2 only
+    layers.{i}.q_norm.weight      [head_dim]                                    qk_norm only
+    layers.{i}.k_norm.weight      [head_dim]                                    qk_norm only
+    layers.{i}.o.weight           [hidden, heads * head_dim]
+    layers.{i}.post_attn_norm.weight [hidden]                                   sandwich only
+    layers.{i}.mlp_norm.weight    [hidden]
+    layers.{i}.gate_up.weight     [2 * intermediate, hidden]                    gate, up stacked
+    layers.{i}.down.weight        [hidden, intermediate]
+    layers.{i}.post_mlp_norm.weight [hidden]                                    sandwich only
+Norm weights are stored as applied: Gemma's (1 + w) offset is folded in by the loaders.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from verispec.models.config import SLIDING, ModelConfig, RopeConfig
+from verispec.models.kv_cache import KVCache
+
+
+def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
+    """Inverse frequencies [head_dim / 2], float32, with the configured scaling."""
+    inv = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if rope.kind == "linear":
+        inv = inv / rope.factor
+    elif rope.kind == "llama3":
+        low_wavelen = rope.original_max_position / rope.low_freq_factor
+        high_wavelen = rope.original_max_position / rope.high_freq_factor
+        wavelen = 2 * torch.pi / inv
+        scaled = torch.where(wavelen > low_wavelen, inv / rope.factor, inv)
+        smooth = (rope.original_max_position / wavelen - rope.low_freq_factor) / (
+            rope.high_freq_factor - rope.low_freq_factor
+        )
+        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv = torch.where(medium, smoothed, scaled)
+    return inv
+
+
+class RopeTable:
+    """cos/sin for positions 0..n-1, grown on demand (doubling), shared by all sequences."""
+
+    def __init__(self, rope: RopeConfig, head_dim: int) -> None:
+        self.inv_freq = rope_inv_freq(rope, head_dim)  # [head_dim / 2]
+        self.cos = torch.empty(0, head_dim)
+        self.sin = torch.empty(0, head_dim)
+
+    def get(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of positions start..end-1: [T, head_dim] each."""
+        if end > self.cos.shape[0]:
+            n = max(end, 2 * self.cos.shape[0], 256)
+            freqs = torch.arange(n, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
+            emb = torch.cat([freqs, freqs], dim=-1)
+            self.cos, self.sin = emb.cos(), emb.sin()
+        return self.cos[start:end], self.sin[start:end]
+
+
+@dataclass
+class Layer:
+    attn_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    qk_norm: torch.Tensor | None  # [heads + kv_heads, head_dim]: q_norm rows, then k_norm rows
+    o: torch.Tensor
+    post_attn_norm: torch.Tensor | None
+    mlp_norm: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    post_mlp_norm: torch.Tensor | None
+    sliding: bool
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor  # [n_logits, vocab] float32
+    hidden: torch.Tensor | None  # [T, hidden]: final-norm hidden states of every new token
+
+
+class Transformer:
+    """A decoder over one sequence: tokens in, logits out, keys/values written to a KVCache."""
+
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor]) -> None:
+        self.config = config
+        c = config
+        w = weights
+        self.embed = w["embed.weight"]
+        self.lm_head = w["embed.weight"] if c.tie_embeddings else w["lm_head.weight"]
+        self.norm = w["norm.weight"]
+        self.dtype = self.embed.dtype
+        self.layers: list[Layer] = []
+        for i in range(c.num_layers):
+            p = f"layers.{i}."
+            qk_norm = None
+            if c.qk_norm:
+                qk_norm = torch.cat(
+                    [
+                        w[p + "q_norm.weight"].expand(c.num_heads, c.head_dim),
+                        w[p + "k_norm.weight"].expand(c.num_kv_heads, c.head_dim),
+                    ]
+                ).contiguous()
+            self.layers.append(
+                Layer(
+                    attn_norm=w[p + "attn_norm.weight"],
+                    qkv=w[p + "qkv.weight"],
+                    qkv_bias=w.get(p + "qkv.bias"),
+                    qk_norm=qk_norm,
+                    o=w[p + "o.weight"],
+                    post_attn_norm=w.get(p + "post_attn_norm.weight"),
+                    mlp_norm=w[p + "mlp_norm.weight"],
+                    gate_up=w[p + "gate_up.weight"],
+                    down=w[p + "down.weight"],
+                    post_mlp_norm=w.get(p + "post_mlp_norm.weight"),
+                    sliding=c.layer_types[i] == SLIDING and c.sliding_window is not None,
+                )
+            )
+        self.rope = RopeTable(c.rope, c.head_dim)
+        self.rope_local = RopeTable(c.rope_local, c.head_dim) if c.rope_local else self.rope
+        self.embed_scale = torch.tensor(c.embed_scale, dtype=torch.float32).to(self.dtype)
+        self.act = F.silu if c.activation == "silu" else (lambda x: F.gelu(x, approximate="tanh"))
+        self._q_heads = c.num_heads
+        self._qk_heads = c.num_heads + c.num_kv_heads
+
+    def new_cache(self, capacity: int) -> KVCache:
+        c = self.config
+        return KVCache(c.num_layers, c.num_kv_heads, c.head_dim, capacity, self.dtype, self.embed.device)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), weight, self.config.rms_eps)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: torch.Tensor,  # [T] int64
+        cache: KVCache,
+        num_logits: int = 1,
+        return_hidden: bool = False,
+    ) -> ForwardOutput:
+        """Run T new tokens at positions cache.length.. and append their keys/values.
+
+        Returns logits of the last `num_logits` new tokens ([num_logits, vocab], float32).
+        """
+        c = self.config
+        T = tokens.shape[0]
+        start = cache.length
+        end = start + T
+        if end > cache.capacity:
+            raise IndexError(f"sequence of {end} tokens exceeds its cache capacity {cache.capacity}")
+        x = F.embedding(tokens, self.embed)  # [T, hidden]
+        if c.embed_scale != 1.0:
+            x = x * self.embed_scale
+        ropes = {False: self.rope.get(start, end)}
+        if self.rope_local is not self.rope:
+            ropes[True] = self.rope_local.get(start, end)
+        masks = self._masks(start, end, T)
+        for i, layer in enumerate(self.layers):
+            cos, sin = ropes.get(layer.sliding, ropes[False])
+            x = self._layer(i, layer, x, cache, start, end, cos, sin, masks[layer.sliding])
+        cache.length = end
+        h = self._norm(x, self.norm)  # [T, hidden]
+        logits = F.linear(h[T - num_logits :], self.lm_head).float() if num_logits else h.new_empty(0, c.vocab_size)
+        return ForwardOutput(logits=logits, hidden=h if return_hidden else None)
+
+    def _masks(self, start: int, end: int, T: int) -> dict[bool, tuple[int, torch.Tensor | None]]:
+        """Per layer kind: (first key position to read, boolean mask [T, end - first] or None)."""
+        out: dict[bool, tuple[int, torch.Tensor | None]] = {}
+        q_pos = torch.arange(start, end)[:, None]  # [T, 1]
+        window = self.config.sliding_window
+        for sliding in (False, True):
+            first = max(0, end - T - window + 1) if (sliding and window) else 0
+            if T == 1:
+                out[sliding] = (first, None)
+                continue
+            k_pos = torch.arange(first, end)[None, :]  # [1, S]
+            allowed = k_pos <= q_pos
+            if sliding and window:
+                allowed &= k_pos > q_pos - window
+            out[sliding] = (first, allowed)
+        return out
+
+    def _layer(self, i, layer: Layer, x, cache: KVCache, start, end, cos, sin, mask) -> torch.Tensor:
+        c = self.config
+        T = x.shape[0]
+        # attention
+        h = self._norm(x, layer.attn_norm)
+        qkv = F.linear(h, layer.qkv, layer.qkv_bias).view(T, -1, c.head_dim)  # [T, heads + 2 kv, D]
+        qk, v = qkv[:, : self._qk_heads], qkv[:, self._qk_heads :]
+        if layer.qk_norm is not None:
+            qk = F.rms_norm(qk, (c.head_dim,), None, c.rms_eps) * layer.qk_norm
+        qk = qk * cos[:, None, :] + _rotate_half(qk) * sin[:, None, :]
+        q, k = qk[:, : self._q_heads], qk[:, self._q_heads :]
+        cache.write(i, start, k.transpose(0, 1), v.transpose(0, 1))
+        first, attn_mask = mask
+        keys, values = cache.view(i, first, end)  # [kv_heads, S, D]
+        attn = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None],  # [1, heads, T, D]
+            keys[None],
+            values[None],
+            attn_mask=attn_mask,
+            scale=c.scale,
+            enable_gqa=c.num_heads != c.num_kv_heads,
+        )  # [1, heads, T, D]
+        attn = F.linear(attn[0].transpose(0, 1).reshape(T, -1), layer.o)
+        if layer.post_attn_norm is not None:
+            attn = self._norm(attn, layer.post_attn_norm)
+        x = x + attn
+        # feed-forward
+        h = self._norm(x, layer.mlp_norm)
+        gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+        mlp = F.linear(self.act(gate) * up, layer.down)
+        if layer.post_mlp_norm is not None:
+            mlp = self._norm(mlp, layer.post_mlp_norm)
+        return x + mlp
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)

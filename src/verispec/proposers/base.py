@@ -1,0 +1,90 @@
+"""The one drafter protocol, and the registry that maps method names to drafters.
+
+A drafter's lifecycle has four verbs (as llama.cpp's common/speculative.h): `begin` a request,
+`propose` a draft, learn how much of it was `accept`ed, `end` the request. A new method is a new
+file that registers a class; the engine never branches on method names.
+
+Designed for what comes next:
+- token trees: `Draft.parents` (None = a chain; a chain is the degenerate tree);
+- drafters that read the target's hidden states: `SequenceView.target_hidden`;
+- drafters with another tokenizer: they get token ids *and* the target's tokenizer through
+  the view, and return target-vocabulary token ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, ClassVar, Protocol
+
+import torch
+
+from verispec.errors import InvalidSpeculativeConfigError
+
+if TYPE_CHECKING:
+    from verispec.config import SamplingParams, SpeculativeConfig
+    from verispec.engine.runner import ModelRunner
+
+
+@dataclass
+class Draft:
+    tokens: list[int]  # [n] proposed token ids in the target's vocabulary, n <= k
+    probs: torch.Tensor | None = None  # [n, vocab] processed draft distribution; None = deterministic
+    parents: list[int] | None = None  # tree drafts (later): parent node of each token, -1 = root
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class SequenceView:
+    """What a drafter may read of one request. `tokens` is prompt + output so far (the last one
+    not yet seen by the target)."""
+
+    request_id: int
+    tokens: list[int]
+    num_prompt_tokens: int
+    params: "SamplingParams"
+    generator: torch.Generator | None
+    capacity: int  # positions a drafter's own cache needs at most
+    target_hidden: torch.Tensor | None = None  # [n, hidden] when the backend provides it
+    extra: dict = field(default_factory=dict)
+
+
+class Proposer(Protocol):
+    name: ClassVar[str]
+
+    def begin(self, seq: SequenceView) -> None:
+        """A new request; `seq.tokens` is its prompt."""
+
+    def propose(self, seq: SequenceView, k: int) -> Draft:
+        """Up to k tokens continuing `seq.tokens` (fewer, even none, is allowed)."""
+
+    def accept(self, seq: SequenceView, num_accepted: int) -> None:
+        """The target kept the first `num_accepted` tokens of the last draft."""
+
+    def end(self, seq: SequenceView) -> None:
+        """The request finished: free what it holds."""
+
+
+ProposerFactory = Callable[["SpeculativeConfig", "ModelRunner"], Proposer]
+PROPOSERS: dict[str, ProposerFactory] = {}
+
+
+def register(name: str) -> Callable[[type], type]:
+    def wrap(cls: type) -> type:
+        cls.name = name
+        PROPOSERS[name] = cls.create  # type: ignore[attr-defined]
+        return cls
+
+    return wrap
+
+
+def create_proposer(config: "SpeculativeConfig", target: "ModelRunner") -> Proposer:
+    import verispec.proposers  # noqa: F401  (registers the built-in drafters)
+
+    factory = PROPOSERS.get(config.method or "")
+    if factory is None:
+        raise InvalidSpeculativeConfigError(
+            f"unknown speculative method {config.method!r}; known: {', '.join(sorted(PROPOSERS))}"
+        )
+    return factory(config, target)

@@ -1,0 +1,81 @@
+"""Draft-model drafting: a smaller model with the target's vocabulary proposes k tokens.
+
+The drafter keeps its own KV cache per request. Its cache holds a prefix of the request's
+tokens; `propose` feeds what it has not seen, then drafts k tokens autoregressively (greedy
+for greedy requests; otherwise sampled from the same processed distribution the verifier will
+use as q). `accept` rolls the cache back to the tokens the target kept.
+
+Example, k = 3: tokens t0..t9 (t9 not yet seen by the target), drafter cache holds t0..t8.
+propose feeds [t9] -> d1, [d1] -> d2, [d2] -> d3; the cache now holds t0..t9 d1 d2.
+accept(1): the target kept d1, so the cache is cut to t0..t9 d1 (length 11).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from verispec.errors import IncompatibleDraftError
+from verispec.proposers.base import Draft, SequenceView, register
+from verispec.sampling.processors import logits_to_probs, sample_from_probs
+
+
+@register("draft_model")
+class DraftModelProposer:
+    def __init__(self, runner) -> None:
+        self.runner = runner
+        self._seqs: dict[int, int] = {}  # request id -> drafter sequence id
+        self._drafted_from: dict[int, int] = {}  # request id -> len(tokens) at the last propose
+
+    @classmethod
+    def create(cls, config, target) -> "DraftModelProposer":
+        from verispec.engine.llm import build_runner
+
+        runner = build_runner(config.draft_model, dtype=getattr(target, "dtype", torch.float32))
+        check_same_vocabulary(target, runner)
+        return cls(runner)
+
+    def begin(self, seq: SequenceView) -> None:
+        self._seqs[seq.request_id] = self.runner.open(seq.capacity)
+
+    def propose(self, seq: SequenceView, k: int) -> Draft:
+        sid = self._seqs[seq.request_id]
+        cached = self.runner.length(sid)
+        new = seq.tokens[cached:]  # >= 1 token: the drafter never holds the last token
+        self._drafted_from[seq.request_id] = len(seq.tokens)
+        tokens: list[int] = []
+        probs: list[torch.Tensor] = []
+        for i in range(k):
+            logits = self.runner.forward(sid, new, num_logits=1).logits  # [1, vocab]
+            if seq.params.greedy:
+                token = int(logits[0].argmax())
+            else:
+                p = logits_to_probs(logits, seq.params.temperature, seq.params.top_k, seq.params.top_p)
+                token = int(sample_from_probs(p, seq.generator)[0])
+                probs.append(p[0])
+            tokens.append(token)
+            new = [token]
+        return Draft(tokens=tokens, probs=torch.stack(probs) if probs else None)
+
+    def accept(self, seq: SequenceView, num_accepted: int) -> None:
+        sid = self._seqs[seq.request_id]
+        before = self._drafted_from[seq.request_id]
+        # the cache holds tokens[:before] + draft[:k-1]; keep tokens[:before] + the accepted ones
+        self.runner.truncate(sid, min(self.runner.length(sid), before + num_accepted))
+
+    def end(self, seq: SequenceView) -> None:
+        sid = self._seqs.pop(seq.request_id, None)
+        self._drafted_from.pop(seq.request_id, None)
+        if sid is not None:
+            self.runner.close(sid)
+
+
+def check_same_vocabulary(target, draft) -> None:
+    """A draft model must speak the target's vocabulary token for token."""
+    t_vocab, d_vocab = target.tokenizer.tok.get_vocab(), draft.tokenizer.tok.get_vocab()
+    if target.vocab_size != draft.vocab_size or t_vocab != d_vocab:
+        differing = sum(1 for tok, i in t_vocab.items() if d_vocab.get(tok) != i)
+        raise IncompatibleDraftError(
+            f"the draft model's vocabulary differs from the target's (sizes {draft.vocab_size} vs "
+            f"{target.vocab_size}, {differing} tokens with other ids); method draft_model needs a "
+            "draft model sharing the target's tokenizer"
+        )

@@ -1,0 +1,159 @@
+"""Tokenizer: a `tokenizers.Tokenizer` plus what generation needs (BOS rule, end tokens, chat template)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.sandbox
+import tokenizers
+
+from verispec.errors import ChatTemplateError
+
+log = logging.getLogger("verispec")
+
+# Gemma's turn format, used only for Gemma models whose file carries no template (the bundled
+# Gemma 3 270M is the base model). Said loudly in a warning when used.
+GEMMA_FALLBACK_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{% if role == 'system' %}{{ '<start_of_turn>user\n' + message['content'] + '\n\n' }}"
+    "{% else %}{% if not (loop.index0 > 0 and messages[loop.index0 - 1]['role'] == 'system') %}"
+    "{{ '<start_of_turn>' + role + '\n' }}{% endif %}"
+    "{{ message['content'] + '<end_of_turn>\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+
+
+class Tokenizer:
+    def __init__(
+        self,
+        tok: tokenizers.Tokenizer,
+        bos_token_id: int | None,
+        eos_token_ids: tuple[int, ...],
+        add_bos: bool,
+        chat_template: str | None,
+        use_post_processor: bool = False,
+        fallback_template: str | None = None,
+    ) -> None:
+        self.tok = tok
+        self.bos_token_id = bos_token_id
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.add_bos = add_bos
+        self.chat_template = chat_template
+        self.fallback_template = fallback_template
+        self.use_post_processor = use_post_processor  # HF folders: tokenizer.json adds BOS itself
+        self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_gguf(cls, reader) -> "Tokenizer":
+        from verispec.models.gguf_tokenizer import tokenizer_from_gguf
+
+        tok, info = tokenizer_from_gguf(reader)
+        arch = reader.fields["general.architecture"].contents()
+        return cls(
+            tok,
+            info.bos_token_id,
+            info.eos_token_ids,
+            info.add_bos_token,
+            info.chat_template,
+            fallback_template=GEMMA_FALLBACK_TEMPLATE if arch.startswith("gemma") else None,
+        )
+
+    @classmethod
+    def from_hf_folder(cls, path: Path) -> "Tokenizer":
+        tok_file = path / "tokenizer.json"
+        if not tok_file.exists():
+            from verispec.errors import ModelNotFoundError
+
+            raise ModelNotFoundError(f"{path} has no tokenizer.json")
+        tok = tokenizers.Tokenizer.from_file(str(tok_file))
+        cfg: dict[str, Any] = {}
+        if (path / "tokenizer_config.json").exists():
+            cfg = json.loads((path / "tokenizer_config.json").read_text())
+        template = cfg.get("chat_template")
+        if (path / "chat_template.jinja").exists():
+            template = (path / "chat_template.jinja").read_text()
+        if isinstance(template, list):  # named templates: take the default one
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+
+        def token_id(value) -> int | None:
+            if isinstance(value, dict):
+                value = value.get("content")
+            return tok.token_to_id(value) if value else None
+
+        eos = [token_id(cfg.get("eos_token"))]
+        gen_cfg = path / "generation_config.json"
+        if gen_cfg.exists():
+            raw = json.loads(gen_cfg.read_text()).get("eos_token_id")
+            eos += raw if isinstance(raw, list) else [raw]
+        eos_ids = tuple(dict.fromkeys(int(e) for e in eos if e is not None))
+        return cls(tok, token_id(cfg.get("bos_token")), eos_ids, False, template, use_post_processor=True)
+
+    def save(self, folder: Path) -> None:
+        (folder / "tokenizer.json").write_text(self.tok.to_str())
+        meta = dict(
+            bos_token_id=self.bos_token_id,
+            eos_token_ids=list(self.eos_token_ids),
+            add_bos=self.add_bos,
+            chat_template=self.chat_template,
+            use_post_processor=self.use_post_processor,
+            fallback_template=self.fallback_template,
+        )
+        (folder / "tokenizer_meta.json").write_text(json.dumps(meta))
+
+    @classmethod
+    def load(cls, folder: Path) -> "Tokenizer":
+        meta = json.loads((folder / "tokenizer_meta.json").read_text())
+        meta["eos_token_ids"] = tuple(meta["eos_token_ids"])
+        return cls(tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json")), **meta)
+
+    # -- use ----------------------------------------------------------------------------------
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if self.use_post_processor:
+            return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
+        ids = self.tok.encode(text, add_special_tokens=False).ids
+        if add_special_tokens and self.add_bos and self.bos_token_id is not None:
+            if not ids or ids[0] != self.bos_token_id:
+                ids = [self.bos_token_id, *ids]
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token_id: int) -> str:
+        return self.tok.id_to_token(token_id) or ""
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        template = self.chat_template
+        if template is None:
+            if self.fallback_template is None:
+                raise ChatTemplateError(
+                    "this model carries no chat template; use generate() with a plain prompt instead"
+                )
+            log.warning("model has no chat template; using the Gemma turn format as a fallback")
+            template = self.fallback_template
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+        def raise_exception(message: str):
+            raise ChatTemplateError(f"chat template rejected the messages: {message}")
+
+        env.globals["raise_exception"] = raise_exception
+        env.filters["tojson"] = lambda v, indent=None: json.dumps(v, indent=indent, ensure_ascii=False)
+        bos = self.tok.id_to_token(self.bos_token_id) if self.bos_token_id is not None else ""
+        eos = self.tok.id_to_token(self.eos_token_ids[0]) if self.eos_token_ids else ""
+        try:
+            return env.from_string(template).render(
+                messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos, eos_token=eos
+            )
+        except jinja2.TemplateError as e:
+            raise ChatTemplateError(f"chat template failed: {e}") from e
+
+    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+        # Templates write BOS themselves when they want it; never add a second one.
+        text = self.apply_chat_template(messages, add_generation_prompt)
+        return self.encode(text, add_special_tokens=False)

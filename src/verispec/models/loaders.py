@@ -23,7 +23,7 @@ from verispec.errors import ModelNotFoundError, UnsupportedModelError
 from verispec.models.config import FULL, SLIDING, ModelConfig, RopeConfig, config_from_hf
 from verispec.tokenizer import Tokenizer
 
-CACHE_VERSION = "1"
+CACHE_VERSION = "2"
 
 
 @dataclass
@@ -170,7 +170,7 @@ def _field(reader, key: str, default=None):
 def _reverse_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """Undo llama.cpp's q/k row permutation (its RoPE pairs adjacent dims; ours pairs halves)."""
     rows = w.shape[0]
-    return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def gguf_config(reader, tokenizer: Tokenizer) -> ModelConfig:
@@ -262,7 +262,7 @@ def convert_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], Toke
     raw: dict[str, np.ndarray] = {}
     for t in reader.tensors:
         try:
-            raw[t.name] = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+            raw[t.name] = np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)  # owned, writable
         except NotImplementedError as e:
             raise UnsupportedModelError(f"GGUF tensor type {t.tensor_type.name} of {t.name} is not supported") from e
     w: dict[str, torch.Tensor] = {

@@ -192,6 +192,23 @@ class Transformer:
             out[sliding] = (first, allowed)
         return out
 
+    def _attention(self, q, keys, values, mask) -> torch.Tensor:
+        """Grouped-query attention over cached keys/values.
+
+        q [T, heads, D]; keys, values [kv_heads, S, D]; mask [T, S] bool or None -> [T, heads * D].
+        Query heads h*g .. h*g+g-1 share kv head h (g = heads / kv_heads), as in HF.
+        Plain matmuls: on the CPU they beat SDPA's kernels for a few query rows over a strided cache.
+        """
+        T, H, D = q.shape
+        kvh = keys.shape[0]
+        qg = q.transpose(0, 1).reshape(kvh, (H // kvh) * T, D)  # [kv_heads, g*T, D]
+        scores = torch.matmul(qg, keys.transpose(1, 2)) * self.config.scale  # [kv_heads, g*T, S]
+        if mask is not None:
+            scores = scores.view(kvh, H // kvh, T, -1).masked_fill(~mask, float("-inf")).view(kvh, (H // kvh) * T, -1)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        out = torch.matmul(probs, values)  # [kv_heads, g*T, D]
+        return out.view(H, T, D).transpose(0, 1).reshape(T, H * D)
+
     def _layer(self, i, layer: Layer, x, cache: KVCache, start, end, cos, sin, mask) -> torch.Tensor:
         c = self.config
         T = x.shape[0]
@@ -206,15 +223,8 @@ class Transformer:
         cache.write(i, start, k.transpose(0, 1), v.transpose(0, 1))
         first, attn_mask = mask
         keys, values = cache.view(i, first, end)  # [kv_heads, S, D]
-        attn = F.scaled_dot_product_attention(
-            q.transpose(0, 1)[None],  # [1, heads, T, D]
-            keys[None],
-            values[None],
-            attn_mask=attn_mask,
-            scale=c.scale,
-            enable_gqa=c.num_heads != c.num_kv_heads,
-        )  # [1, heads, T, D]
-        attn = F.linear(attn[0].transpose(0, 1).reshape(T, -1), layer.o)
+        attn = self._attention(q, keys, values, attn_mask)  # [T, heads * D]
+        attn = F.linear(attn, layer.o)
         if layer.post_attn_norm is not None:
             attn = self._norm(attn, layer.post_attn_norm)
         x = x + attn

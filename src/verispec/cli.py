@@ -1,0 +1,119 @@
+"""The `verispec` command: generate, demo.
+
+Flags come from the configuration dataclasses (verispec.config), so the library, the CLI and
+(later) the server share one source of truth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import typing
+from typing import Any
+
+from verispec.config import EngineConfig, SamplingParams, SpeculativeConfig
+from verispec.errors import VerispecError
+
+_FLAG_NAMES = {"method": "method", "num_speculative_tokens": "k"}
+
+
+def _base_type(tp: Any) -> Any:
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    return _base_type(args[0]) if args else tp
+
+
+def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
+    """One flag per dataclass field: --field-name, typed from the annotation, help from metadata."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip or "help" not in f.metadata:
+            continue
+        flag = "--" + _FLAG_NAMES.get(f.name, f.name).replace("_", "-")
+        tp = _base_type(hints[f.name])
+        default = f.default if f.default is not dataclasses.MISSING else None
+        if tp is bool:
+            parser.add_argument(flag, dest=f.name, action="store_true", help=f.metadata["help"])
+        elif typing.get_origin(tp) is list:
+            item = typing.get_args(tp)[0]
+            parser.add_argument(flag, dest=f.name, type=item, action="append", default=None, help=f.metadata["help"])
+        else:
+            parser.add_argument(flag, dest=f.name, type=tp, default=default, help=f"{f.metadata['help']} (default: {default})")
+
+
+def _from_args(cls: type, args: argparse.Namespace, **extra: Any):
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    return cls(**{**values, **extra})
+
+
+def _engine_parser(parser: argparse.ArgumentParser) -> None:
+    add_dataclass_flags(parser, EngineConfig, skip=("speculative",))
+    add_dataclass_flags(parser, SpeculativeConfig)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="verispec", description="Lossless speculative decoding.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="complete a prompt (or chat) and print the acceptance figures")
+    gen.add_argument("prompt", help="the prompt text")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
+    gen.add_argument("--system", default=None, help="system message (with --chat)")
+    gen.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    _engine_parser(gen)
+    add_dataclass_flags(gen, SamplingParams)
+
+    demo = sub.add_parser("demo", help="plain vs speculative on a few Spec-Bench prompts: identical? how much faster?")
+    demo.add_argument("--questions", default=None, help="Spec-Bench question.jsonl (default: ../shared/data/spec_bench)")
+    demo.add_argument("--num-prompts", type=int, default=4, help="prompts to run (default: 4)")
+    demo.add_argument("--max-tokens", type=int, default=96, help="new tokens per prompt (default: 96)")
+    _engine_parser(demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "generate":
+            return _generate(args)
+        from verispec.demo import run_demo
+
+        return run_demo(args)
+    except VerispecError as e:
+        print(f"verispec: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from verispec import LLM
+
+    spec = _from_args(SpeculativeConfig, args)
+    engine = _from_args(EngineConfig, args, speculative=spec)
+    params = _from_args(SamplingParams, args)
+    options = {f.name: getattr(engine, f.name) for f in dataclasses.fields(EngineConfig) if f.name not in ("model", "speculative")}
+    llm = LLM(engine.model, speculative=spec, **options)
+    if args.chat:
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+            {"role": "user", "content": args.prompt}
+        ]
+        out = llm.chat(messages, params)[0]
+    else:
+        out = llm.generate([args.prompt], params)[0]
+    m = out.metrics
+    if args.json:
+        print(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason, "metrics": m.as_dict()}))
+        return 0
+    print(out.text)
+    print(
+        f"\n[{len(out.token_ids)} tokens, finish={out.finish_reason}, {m.tokens_per_second:.1f} tok/s, "
+        f"drafts={m.num_drafts}, draft tokens={m.num_draft_tokens}, accepted={m.num_accepted_tokens}, "
+        f"mean acceptance length={m.mean_acceptance_length:.2f}, per position={m.accepted_per_position}]",
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -116,7 +116,9 @@ class LLM:
         sampling_params: SamplingParams | None = None,
     ) -> list[RequestOutput]:
         """Chat completion with the model's chat template; one conversation or a list of them."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        if not isinstance(messages, list) or not messages:
+            raise InvalidPromptError("messages must be a non-empty list of {'role', 'content'} dicts")
+        conversations = [messages] if isinstance(messages[0], dict) else messages
         outs = []
         for conv in conversations:
             _check_messages(conv)

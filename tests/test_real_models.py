@@ -1,0 +1,79 @@
+"""The bundled real models: parity with Hugging Face on the same GGUF, lossless greedy decoding on
+Spec-Bench prompts, real chat text, and the on-disk conversion cache."""
+
+import pytest
+import torch
+
+from verispec import LLM, SamplingParams
+from verispec.demo import find_spec_bench, load_questions, pick_spread
+from verispec.models import loaders
+from verispec.models.registry import load_model, resolve
+
+MODELS = ["smollm2-135m", "gemma3-270m"]
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def bundled(request):
+    return request.param, LLM(request.param)
+
+
+def test_logits_match_hf_on_a_real_prompt(bundled):
+    from transformers import AutoModelForCausalLM
+
+    name, llm = bundled
+    path = resolve(name)
+    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    ids = llm.tokenizer.encode("The Eiffel Tower is located in the city of")
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    seq = llm.runner.open(len(ids))
+    ours = llm.runner.forward(seq, ids, num_logits=len(ids)).logits
+    llm.runner.close(seq)
+    assert (ours - ref).abs().max().item() <= 1e-4
+    assert int(ours[-1].argmax()) == int(ref[-1].argmax())
+
+
+def test_greedy_speculative_equals_plain_on_spec_bench(bundled):
+    name, llm = bundled
+    spec = LLM(name, speculative={"method": "prompt_lookup", "num_speculative_tokens": 4})
+    questions = pick_spread(load_questions(find_spec_bench()), 3)
+    params = SamplingParams(temperature=0.0, max_tokens=40)
+    accepted = 0
+    for q in questions:
+        ids = llm.tokenizer.encode_chat([{"role": "user", "content": q["turns"][0]}])
+        plain = llm.generate([ids], params)[0]
+        fast = spec.generate([ids], params)[0]
+        assert fast.token_ids == plain.token_ids, f"question {q['question_id']} diverged"
+        assert fast.text == plain.text
+        accepted += fast.metrics.num_accepted_tokens
+    assert accepted > 0  # the drafter really contributed tokens
+
+
+def test_chat_answers_with_real_text():
+    llm = LLM("smollm2-135m")
+    out = llm.chat([{"role": "user", "content": "What is the capital of France?"}], SamplingParams(temperature=0, max_tokens=24))[0]
+    assert "Paris" in out.text
+    assert out.finish_reason == "stop"  # ends with <|im_end|>, not by length
+    assert "<|im_end|>" not in out.text
+
+
+def test_gemma_base_model_chat_falls_back_to_the_gemma_turn_format():
+    llm = LLM("gemma3-270m")
+    assert llm.tokenizer.chat_template is None
+    ids = llm.tokenizer.encode_chat([{"role": "user", "content": "Hello"}])
+    text = llm.tokenizer.decode(ids, skip_special_tokens=False)
+    assert text.startswith("<bos><start_of_turn>user\nHello<end_of_turn>\n<start_of_turn>model\n")
+    out = llm.chat([{"role": "user", "content": "Name a colour."}], SamplingParams(temperature=0, max_tokens=8))[0]
+    assert out.token_ids
+
+
+def test_second_load_reads_the_cache(monkeypatch):
+    load_model("smollm2-135m")  # converted already, or now
+
+    def no_conversion(*a, **k):
+        raise AssertionError("converted again instead of reading the cache")
+
+    monkeypatch.setattr(loaders, "convert_gguf", no_conversion)
+    loaded = load_model("smollm2-135m")
+    assert loaded.config.num_layers == 30 and loaded.config.vocab_size == 49152
+    assert loaded.tokenizer.encode("Hello world", add_special_tokens=False) == [19556, 905]

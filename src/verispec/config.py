@@ -70,7 +70,7 @@ class SpeculativeConfig:
     method: str | None = opt(None, "drafter: prompt_lookup, draft_model (none = plain decoding)")
     num_speculative_tokens: int = opt(4, "draft tokens proposed per step (k)")
     draft_model: str | None = opt(None, "draft model (name or path) for method draft_model")
-    prompt_lookup_min: int = opt(1, "smallest n-gram prompt lookup matches")
+    prompt_lookup_min: int = opt(2, "smallest n-gram prompt lookup matches")
     prompt_lookup_max: int = opt(4, "largest n-gram prompt lookup matches")
 
     def __post_init__(self) -> None:

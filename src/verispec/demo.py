@@ -47,11 +47,19 @@ def load_questions(path: Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+
+
+def subtask(question: dict) -> str:
+    """Spec-Bench's six subtasks: MT-bench's eight categories count as one, multi_turn."""
+    return "multi_turn" if question["category"] in MT_BENCH else question["category"]
+
+
 def pick_spread(questions: list[dict], n: int) -> list[dict]:
-    """n questions taken round-robin across categories, so every subtask is represented."""
+    """n questions taken round-robin across the six subtasks, so every one is represented."""
     by_cat: dict[str, list[dict]] = {}
     for q in questions:
-        by_cat.setdefault(q["category"], []).append(q)
+        by_cat.setdefault(subtask(q), []).append(q)
     picked: list[dict] = []
     i = 0
     while len(picked) < n and any(i < len(v) for v in by_cat.values()):
@@ -85,9 +93,9 @@ def run_demo(args: argparse.Namespace) -> int:
     bar = tqdm(questions, desc="demo", unit="prompt", file=sys.stderr)
     for q in bar:
         ids = tok.encode_chat([{"role": "user", "content": q["turns"][0]}])
-        bar.set_postfix_str(f"q{q['question_id']} {q['category']}: plain")
+        bar.set_postfix_str(f"q{q['question_id']} {subtask(q)}: plain")
         a = plain.generate(ids, params)
-        bar.set_postfix_str(f"q{q['question_id']} {q['category']}: {method}")
+        bar.set_postfix_str(f"q{q['question_id']} {subtask(q)}: {method}")
         b = llm.decoder.generate(ids, params)
         rows.append((q, a, b))
     bar.close()
@@ -104,7 +112,7 @@ def run_demo(args: argparse.Namespace) -> int:
         n_tok += len(a.output_ids)
         speedup = b.metrics.tokens_per_second / a.metrics.tokens_per_second
         print(
-            f"{q['question_id']:>4} {q['category']:<14} {len(a.output_ids):>6} {a.metrics.tokens_per_second:>11.1f} "
+            f"{q['question_id']:>4} {subtask(q):<14} {len(a.output_ids):>6} {a.metrics.tokens_per_second:>11.1f} "
             f"{b.metrics.tokens_per_second:>10.1f} {speedup:>6.2f}x {b.metrics.mean_acceptance_length:>10.2f} "
             f"{'yes' if same else 'NO'}"
         )

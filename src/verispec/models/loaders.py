@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from verispec.errors import ModelNotFoundError, UnsupportedModelError
 from verispec.models.config import FULL, SLIDING, ModelConfig, RopeConfig, config_from_hf
 from verispec.tokenizer import Tokenizer
 
-CACHE_VERSION = "2"
+CACHE_VERSION = "3"
 
 
 @dataclass
@@ -155,6 +156,9 @@ def load_gguf(path: Path) -> LoadedModel:
     tokenizer.save(folder)
     (folder / "done").write_text(str(path))
     _log(f"converted in {time.time() - t0:.1f}s")
+    for stale in folder.parent.glob(f"gguf-{digest[:24]}-v*"):  # conversions by older versions
+        if stale != folder:
+            shutil.rmtree(stale, ignore_errors=True)
     weights = load_file(str(folder / "weights.safetensors"))  # memory-mapped, not the heap copies
     return LoadedModel(config, weights, tokenizer, str(path))
 
@@ -260,7 +264,9 @@ def convert_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], Toke
     config = gguf_config(reader, tokenizer)
     permute = _field(reader, "general.architecture") in ("llama", "mistral")
     raw: dict[str, np.ndarray] = {}
-    for t in reader.tensors:
+    from tqdm import tqdm
+
+    for t in tqdm(reader.tensors, desc=f"dequantising {path.name}", unit="tensor", file=sys.stderr, leave=False):
         try:
             raw[t.name] = np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)  # owned, writable
         except NotImplementedError as e:

@@ -1,4 +1,4 @@
-"""The `verispec` command: generate, demo.
+"""The `verispec` command: generate, demo, bench.
 
 Flags come from the configuration dataclasses (verispec.config), so the library, the CLI and
 (later) the server share one source of truth.
@@ -70,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--num-prompts", type=int, default=4, help="prompts to run (default: 4)")
     demo.add_argument("--max-tokens", type=int, default=96, help="new tokens per prompt (default: 96)")
     _engine_parser(demo)
+
+    from verispec.bench.cli import add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 
@@ -78,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return _generate(args)
+        if args.command == "bench":
+            from verispec.bench.cli import run
+
+            return run(args)
         from verispec.demo import run_demo
 
         return run_demo(args)

@@ -1,0 +1,71 @@
+"""Flags and entry point of `verispec bench`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from verispec.bench.run import SUBTASKS, BenchConfig
+
+QUICK = dict(limit=2, max_tokens=48)
+
+
+def add_bench_parser(sub) -> None:
+    b = sub.add_parser("bench", help="Spec-Bench: our methods and peers side by side, report and plots")
+    b.add_argument("--model", default="smollm2-135m", help="target model (default: smollm2-135m)")
+    b.add_argument("--methods", default="plain,prompt_lookup,hf,hf_prompt_lookup,llamacpp,llamacpp_prompt_lookup",
+                   help="comma list; 'plain' (ours) is the baseline; peers: hf, hf_prompt_lookup, hf_assisted, "
+                        "llamacpp, llamacpp_prompt_lookup (skipped with a note when unavailable)")
+    b.add_argument("--categories", default=",".join(SUBTASKS), help=f"comma list of subtasks (default: all: {','.join(SUBTASKS)})")
+    b.add_argument("--limit", type=int, default=10, help="questions per subtask (default: 10)")
+    b.add_argument("--max-tokens", type=int, default=128, help="new tokens per turn (default: 128)")
+    b.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples, seeded per question")
+    b.add_argument("--k", type=int, default=4, help="draft tokens per step for our speculative methods (default: 4)")
+    b.add_argument("--draft-model", default=None, help="draft model for draft_model / hf_assisted (same vocabulary)")
+    b.add_argument("--questions", default=None, help="Spec-Bench question.jsonl (default: ../shared/data/spec_bench)")
+    b.add_argument("--out", default="results/bench", help="folder for results.json, report.md, *.png")
+    b.add_argument("--seed", type=int, default=0, help="base seed of sampling runs")
+    b.add_argument("--quick", action="store_true", help=f"a few questions, short answers ({QUICK}): minutes, not hours")
+    b.add_argument("--profile", action="store_true", help="measure the target's forward cost for k = 1..32 instead")
+
+
+def run(args: argparse.Namespace) -> int:
+    from verispec.bench.report import markdown, plots
+    from verispec.bench.run import run_bench, save
+
+    out = Path(args.out)
+    if args.profile:
+        from verispec import LLM
+        from verispec.bench.profile import measure, table
+
+        profile = measure(LLM(args.model), args.model)
+        out.mkdir(parents=True, exist_ok=True)
+        profile.save(out / "cost_profile.json")
+        print(table(profile))
+        print(f"\nsaved {out / 'cost_profile.json'}")
+        return 0
+    cfg = BenchConfig(
+        model=args.model,
+        methods=tuple(m for m in args.methods.split(",") if m),
+        categories=tuple(c for c in args.categories.split(",") if c),
+        limit=QUICK["limit"] if args.quick else args.limit,
+        max_tokens=QUICK["max_tokens"] if args.quick else args.max_tokens,
+        temperature=args.temperature,
+        k=args.k,
+        draft_model=args.draft_model,
+        questions=args.questions,
+        out=args.out,
+        seed=args.seed,
+    )
+    result = run_bench(cfg)
+    save(result, out)
+    report = markdown(result)
+    (out / "report.md").write_text(report)
+    pngs = plots(result, out)
+    print(report)
+    print(f"saved {out / 'results.json'}, {out / 'report.md'}, " + ", ".join(str(p) for p in pngs))
+    if result.mismatches:
+        print(f"ERROR: {len(result.mismatches)} greedy mismatches of lossless methods (see above)", file=sys.stderr)
+        return 1
+    return 0

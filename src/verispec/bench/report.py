@@ -1,0 +1,127 @@
+"""Bench results -> a Markdown report in the Spec-Bench leaderboard's shape, and PNG plots.
+
+Conventions (Spec-Bench): a subtask's speedup is the mean per-question tokens/s of the method
+divided by that of our plain decoding on the same questions; mean accepted tokens is tokens
+produced per target forward (1.00 for plain decoding; prefill counted as the forward that
+produced the first token).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from statistics import mean
+
+from verispec.bench.run import SUBTASKS, BenchResult, Record
+
+PEERS = ("hf", "hf_prompt_lookup", "hf_assisted", "llamacpp", "llamacpp_prompt_lookup")
+
+
+def _by(records: list[Record], method: str, sub: str | None = None) -> list[Record]:
+    return [r for r in records if r.method == method and (sub is None or r.subtask == sub)]
+
+
+def summarize(result: BenchResult) -> dict[str, dict]:
+    """Per method: speedup per subtask and overall, mean accepted tokens, tok/s, TTFT."""
+    recs = result.records
+    methods = list(dict.fromkeys(r.method for r in recs))
+    subs = [s for s in SUBTASKS if any(r.subtask == s for r in recs)]
+    out: dict[str, dict] = {}
+    for m in methods:
+        row: dict = {"speedup": {}}
+        for s in subs:
+            mine, base = _by(recs, m, s), _by(recs, "plain", s)
+            if mine and base:
+                row["speedup"][s] = mean(r.tokens_per_s for r in mine) / mean(r.tokens_per_s for r in base)
+        mine, base = _by(recs, m), _by(recs, "plain")
+        row["overall"] = mean(r.tokens_per_s for r in mine) / mean(r.tokens_per_s for r in base)
+        forwards = sum(r.target_forwards for r in mine)
+        row["mean_accepted"] = sum(r.new_tokens for r in mine) / forwards if forwards else None
+        row["tokens_per_s"] = sum(r.new_tokens for r in mine) / sum(r.wall_time for r in mine)
+        row["ttft"] = mean(r.ttft for r in mine)
+        drafts = sum(len(r.accepted_lengths) for r in mine)
+        per_pos: dict[int, int] = defaultdict(int)
+        for r in mine:
+            for i, a in enumerate(r.accepted_per_position):
+                per_pos[i] += a
+        row["acceptance_by_position"] = [per_pos[i] / drafts for i in sorted(per_pos)] if drafts else []
+        matches = [r.matches_plain for r in mine if r.matches_plain is not None]
+        row["identical_to_plain"] = f"{sum(matches)}/{len(matches)}" if matches else "-"
+        out[m] = row
+    return out
+
+
+def markdown(result: BenchResult) -> str:
+    cfg = result.config
+    summary = summarize(result)
+    subs = [s for s in SUBTASKS if any(s in row["speedup"] for row in summary.values())]
+    n_q = len({r.question_id for r in result.records})
+    lines = [
+        f"# Spec-Bench: {cfg.model}",
+        "",
+        f"{n_q} questions ({cfg.limit} per subtask at most), max {cfg.max_tokens} new tokens per turn, "
+        f"temperature {cfg.temperature}, k = {cfg.k}. Speedup = mean per-question tokens/s over our plain "
+        "decoding's, measured in the same run, methods interleaved per question.",
+        "",
+        "| method | " + " | ".join(subs) + " | mean accepted | overall speedup | tok/s | TTFT s | identical to plain |",
+        "|---|" + "---|" * (len(subs) + 5),
+    ]
+    for m, row in summary.items():
+        cells = [f"{row['speedup'].get(s, float('nan')):.2f}x" for s in subs]
+        acc = f"{row['mean_accepted']:.2f}" if row["mean_accepted"] else "n/a"
+        lines.append(
+            f"| {m} | " + " | ".join(cells) + f" | {acc} | {row['overall']:.2f}x | {row['tokens_per_s']:.1f} "
+            f"| {row['ttft']:.2f} | {row['identical_to_plain']} |"
+        )
+    ours = [m for m in summary if m not in PEERS]
+    peers = [m for m in summary if m in PEERS]
+    if peers:
+        best = max(ours, key=lambda m: summary[m]["overall"])
+        lines += ["", f"Our best method ({best}) against each peer, ratio of mean per-question tokens/s:", ""]
+        for p in peers:
+            lines.append(f"- {best} / {p}: {summary[best]['overall'] / summary[p]['overall']:.2f}x")
+    if result.skipped:
+        lines += ["", "Skipped:", ""] + [f"- {m}: {why}" for m, why in result.skipped.items()]
+    lines += ["", "Greedy mismatches of lossless methods against plain decoding (bugs):", ""]
+    lines += [f"- {m}" for m in result.mismatches] or ["- none"]
+    return "\n".join(lines) + "\n"
+
+
+def plots(result: BenchResult, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = summarize(result)
+    subs = [s for s in SUBTASKS if any(s in row["speedup"] for row in summary.values())]
+    paths = []
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    width = 0.8 / max(1, len(summary))
+    for i, (m, row) in enumerate(summary.items()):
+        xs = [j + i * width for j in range(len(subs))]
+        ax.bar(xs, [row["speedup"].get(s, 0) for s in subs], width, label=m)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([j + width * (len(summary) - 1) / 2 for j in range(len(subs))], subs)
+    ax.set_ylabel("speedup over our plain decoding")
+    ax.set_title(f"Spec-Bench speedup per subtask: {result.config.model}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(out / "speedup.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for m, row in summary.items():
+        if row["acceptance_by_position"]:
+            ax.plot(range(1, len(row["acceptance_by_position"]) + 1), row["acceptance_by_position"], marker="o", label=m)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("accepted / drafts")
+    ax.set_ylim(0, 1)
+    ax.set_title("acceptance rate by draft position")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(out / "acceptance.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths

@@ -1,0 +1,194 @@
+"""`verispec bench`: Spec-Bench questions through our methods and peers, interleaved per question.
+
+For each question every method runs once, one after the other, so machine drift hits all alike.
+Multi-turn (MT-bench) questions run both turns through the chat template: the second turn's
+prompt holds the first answer (each method continues its own conversation). Greedy speculative
+outputs are compared token for token with our plain decoding; a mismatch is reported loudly.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from verispec.bench.methods import HFMethod, LlamaCppMethod, Method, OursMethod, Unavailable, load_hf_model
+from verispec.config import SpeculativeConfig
+from verispec.demo import find_spec_bench, load_questions, subtask
+
+SUBTASKS = ("multi_turn", "translation", "summarization", "qa", "math_reasoning", "rag")
+
+
+@dataclass
+class BenchConfig:
+    model: str = "smollm2-135m"
+    methods: tuple[str, ...] = ("plain", "prompt_lookup", "hf", "hf_prompt_lookup")
+    categories: tuple[str, ...] = SUBTASKS
+    limit: int = 10
+    max_tokens: int = 128
+    temperature: float = 0.0
+    k: int = 4
+    draft_model: str | None = None
+    questions: str | None = None
+    out: str = "results/bench"
+    seed: int = 0
+
+
+@dataclass
+class Record:
+    question_id: int
+    subtask: str
+    method: str
+    new_tokens: int
+    wall_time: float
+    ttft: float
+    target_forwards: int
+    accepted_lengths: list[int]
+    accepted_per_position: list[int]
+    peak_rss_mb: float
+    matches_plain: bool | None = None  # greedy: same tokens as our plain decoding
+    first_mismatch: int | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_time if self.wall_time else 0.0
+
+
+@dataclass
+class BenchResult:
+    config: BenchConfig
+    records: list[Record] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # method -> why
+    mismatches: list[str] = field(default_factory=list)
+
+
+def build_methods(cfg: BenchConfig, llm) -> tuple[list[Method], dict[str, str]]:
+    """Our methods and the peers; a peer that cannot run here is skipped with the reason."""
+    methods: list[Method] = []
+    skipped: dict[str, str] = {}
+    eos = list(llm.runner.eos_token_ids)
+    hf_model = None
+    for name in cfg.methods:
+        try:
+            if name == "plain":
+                methods.append(OursMethod("plain", llm, None))
+            elif name in ("prompt_lookup", "draft_model"):
+                if name == "draft_model" and not cfg.draft_model:
+                    raise Unavailable("no --draft-model given (none of the bundled models shares a vocabulary)")
+                spec = SpeculativeConfig(method=name, num_speculative_tokens=cfg.k, draft_model=cfg.draft_model)
+                methods.append(OursMethod(name, llm, spec))
+            elif name.startswith("hf"):
+                hf_model = hf_model or load_hf_model(cfg.model)
+                if name == "hf":
+                    methods.append(HFMethod(name, hf_model, eos))
+                elif name == "hf_prompt_lookup":
+                    methods.append(HFMethod(name, hf_model, eos, prompt_lookup=10))
+                elif name == "hf_assisted":
+                    if not cfg.draft_model:
+                        raise Unavailable("no same-vocabulary assistant (--draft-model) for this target")
+                    methods.append(HFMethod(name, hf_model, eos, assistant=load_hf_model(cfg.draft_model)))
+                else:
+                    raise Unavailable(f"unknown method {name}")
+            elif name.startswith("llamacpp"):
+                from verispec.models.registry import resolve
+
+                path = resolve(cfg.model)
+                if path.suffix.lower() != ".gguf":
+                    raise Unavailable("llama.cpp needs a GGUF target")
+                methods.append(LlamaCppMethod(name, str(path), eos, prompt_lookup=10 if name.endswith("lookup") else 0))
+            else:
+                raise Unavailable(f"unknown method {name!r}")
+        except Unavailable as e:
+            skipped[name] = str(e)
+    if not methods or methods[0].name != "plain":
+        raise SystemExit("the bench needs 'plain' first among --methods: every speedup is relative to it")
+    return methods, skipped
+
+
+def select_questions(cfg: BenchConfig) -> list[dict]:
+    questions = load_questions(find_spec_bench(cfg.questions))
+    unknown = set(cfg.categories) - set(SUBTASKS)
+    if unknown:
+        raise SystemExit(f"unknown categories {sorted(unknown)}; Spec-Bench's are {', '.join(SUBTASKS)}")
+    picked: list[dict] = []
+    for cat in cfg.categories:
+        picked += [q for q in questions if subtask(q) == cat][: cfg.limit]
+    return picked
+
+
+def run_question(method: Method, llm, q: dict, cfg: BenchConfig) -> tuple[list[int], float, float, int, list[int], list[int]]:
+    """All turns of one question; returns the concatenated new tokens and summed figures."""
+    messages: list[dict] = []
+    tokens: list[int] = []
+    wall = ttft = 0.0
+    forwards = 0
+    lengths: list[int] = []
+    per_pos: list[int] = []
+    for turn, text in enumerate(q["turns"]):
+        messages.append({"role": "user", "content": text})
+        ids = llm.tokenizer.encode_chat(messages)
+        r = method.run(ids, cfg.max_tokens, cfg.temperature, cfg.seed + q["question_id"])
+        if turn == 0:
+            ttft = r.ttft
+        wall += r.wall_time
+        forwards += r.target_forwards
+        tokens += r.token_ids
+        lengths += r.accepted_lengths
+        per_pos = [a + b for a, b in zip(per_pos + [0] * len(r.accepted_per_position), r.accepted_per_position + [0] * len(per_pos))]
+        messages.append({"role": "assistant", "content": llm.tokenizer.decode(r.token_ids)})
+    return tokens, wall, ttft, forwards, lengths, per_pos
+
+
+def run_bench(cfg: BenchConfig) -> BenchResult:
+    from verispec import LLM
+
+    llm = LLM(cfg.model)
+    methods, skipped = build_methods(cfg, llm)
+    for name, why in skipped.items():
+        print(f"[bench] skipping {name}: {why}", file=sys.stderr)
+    questions = select_questions(cfg)
+    result = BenchResult(cfg, skipped=skipped)
+    bar = tqdm(total=len(questions) * len(methods), desc="bench", unit="run", file=sys.stderr)
+    tok_sum: dict[str, tuple[int, float]] = {}
+    for q in questions:
+        plain_tokens: list[int] | None = None
+        for m in methods:
+            n, t = tok_sum.get(m.name, (0, 0.0))
+            bar.set_postfix_str(f"{m.name} q{q['question_id']} ({subtask(q)}) {n / t if t else 0:.1f} tok/s")
+            tokens, wall, ttft, forwards, lengths, per_pos = run_question(m, llm, q, cfg)
+            tok_sum[m.name] = (n + len(tokens), t + wall)
+            rec = Record(q["question_id"], subtask(q), m.name, len(tokens), wall, ttft, forwards, lengths, per_pos,
+                         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+            if m.name == "plain":
+                plain_tokens = tokens
+            elif cfg.temperature == 0 and plain_tokens is not None:
+                rec.matches_plain = tokens == plain_tokens
+                if not rec.matches_plain:
+                    rec.first_mismatch = next((i for i, (a, b) in enumerate(zip(tokens, plain_tokens)) if a != b),
+                                              min(len(tokens), len(plain_tokens)))
+                    if m.speculative:
+                        msg = (f"MISMATCH: {m.name} differs from plain on question {q['question_id']} "
+                               f"at new token {rec.first_mismatch} (a bug in a lossless method)")
+                        result.mismatches.append(msg)
+                        tqdm.write(f"[bench] {msg}", file=sys.stderr)
+            result.records.append(rec)
+            bar.update(1)
+    bar.close()
+    return result
+
+
+def save(result: BenchResult, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    data = {
+        "config": asdict(result.config),
+        "skipped": result.skipped,
+        "mismatches": result.mismatches,
+        "records": [{**asdict(r), "tokens_per_s": r.tokens_per_s} for r in result.records],
+        "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    (out / "results.json").write_text(json.dumps(data, indent=1))

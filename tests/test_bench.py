@@ -1,0 +1,67 @@
+"""Smoke test of `verispec bench` and `--profile` on a tiny random model (seconds, not minutes)."""
+
+import json
+
+import pytest
+
+from verispec.bench.profile import CostProfile
+from verispec.bench.run import SUBTASKS
+from verispec.cli import main
+
+TURNS = {
+    "multi_turn": ["w5 w6 w7 w5 w6", "w8 w9 w8 w9"],
+    "translation": ["w10 w11 w12"],
+    "summarization": ["w13 w14 w15 w13 w14 w15 w13"],
+    "qa": ["w16 w17"],
+    "math_reasoning": ["w18 w19 w20 w18"],
+    "rag": ["w21 w22 w23 w24 w21 w22 w23"],
+}
+
+
+@pytest.fixture()
+def questions(tmp_path):
+    path = tmp_path / "question.jsonl"
+    rows = [
+        {"question_id": i, "category": "writing" if sub == "multi_turn" else sub, "turns": turns}
+        for i, (sub, turns) in enumerate(TURNS.items())
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    return path
+
+
+def test_bench_runs_every_method_and_writes_the_report(tiny_dir, questions, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main(["bench", "--model", str(tiny_dir("llama")), "--questions", str(questions), "--limit", "1",
+                 "--max-tokens", "12", "--methods", "plain,prompt_lookup,hf,hf_prompt_lookup,llamacpp", "--out", str(out)])
+    assert code == 0
+    data = json.loads((out / "results.json").read_text())
+    methods = {"plain", "prompt_lookup", "hf", "hf_prompt_lookup"}
+    assert {r["method"] for r in data["records"]} == methods
+    assert len(data["records"]) == len(TURNS) * len(methods)
+    assert "llamacpp" in data["skipped"]  # not a GGUF target: skipped with a reason, not a crash
+    assert data["mismatches"] == []
+    for r in data["records"]:
+        assert r["new_tokens"] > 0 and r["wall_time"] > 0 and r["target_forwards"] >= 1
+        if r["method"] == "plain":
+            assert r["new_tokens"] == r["target_forwards"]  # plain: one token per forward
+        if r["method"] == "prompt_lookup":
+            assert r["matches_plain"] is True
+    multi = [r for r in data["records"] if r["subtask"] == "multi_turn" and r["method"] == "plain"][0]
+    assert multi["new_tokens"] > 12  # both turns were generated
+    report = (out / "report.md").read_text()
+    for sub in SUBTASKS:
+        assert sub in report
+    assert "| plain |" in report and "overall speedup" in report and "prompt_lookup / hf" in report
+    for png in ("speedup.png", "acceptance.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "Spec-Bench" in capsys.readouterr().out
+
+
+def test_profile_measures_the_cost_curve(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "prof"
+    assert main(["bench", "--profile", "--model", str(tiny_dir("llama")), "--out", str(out)]) == 0
+    profile = CostProfile.load(out / "cost_profile.json")
+    assert profile.ks == list(range(1, 33)) and profile.contexts == [128]
+    assert all(ms > 0 for ms in profile.ms["128"])
+    assert profile.cost(4, 100) == profile.ms["128"][3]
+    assert "forward cost" in capsys.readouterr().out

@@ -51,7 +51,7 @@ def test_bench_runs_every_method_and_writes_the_report(tiny_dir, questions, tmp_
     report = (out / "report.md").read_text()
     for sub in SUBTASKS:
         assert sub in report
-    assert "| plain |" in report and "overall speedup" in report and "prompt_lookup / hf" in report
+    assert "| plain |" in report and "overall speedup" in report and " / hf: " in report and " / hf_prompt_lookup: " in report
     for png in ("speedup.png", "acceptance.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "Spec-Bench" in capsys.readouterr().out

@@ -102,10 +102,12 @@ def plots(result: BenchResult, out: Path) -> list[Path]:
         xs = [j + i * width for j in range(len(subs))]
         ax.bar(xs, [row["speedup"].get(s, 0) for s in subs], width, label=m)
     ax.axhline(1.0, color="black", linewidth=0.8)
+    top = max((v for row in summary.values() for v in row["speedup"].values()), default=1.0)
+    ax.set_ylim(0, top * 1.3)  # room for the legend above the bars
     ax.set_xticks([j + width * (len(summary) - 1) / 2 for j in range(len(subs))], subs)
     ax.set_ylabel("speedup over our plain decoding")
     ax.set_title(f"Spec-Bench speedup per subtask: {result.config.model}")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, ncol=min(4, len(summary)), loc="upper center")
     fig.tight_layout()
     paths.append(out / "speedup.png")
     fig.savefig(paths[-1], dpi=110)

@@ -21,20 +21,23 @@ def load_both(kind, folder):
 @pytest.mark.parametrize("kind", [*KINDS, "llama3"])
 def test_full_and_incremental_forward_match_hf(kind, tmp_path):
     hf, loaded, ours = load_both(kind, tmp_path)
-    ids = torch.randint(3, 96, (40,), generator=torch.Generator().manual_seed(1))
+    n = 120  # long enough for the prompt-processing path (>= 48 rows) and Gemma's window of 8
+    ids = torch.randint(3, 96, (n,), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        ref = hf(ids[None]).logits[0]  # [40, vocab]
+        ref = hf(ids[None]).logits[0]  # [n, vocab]
     assert ref.abs().max() > 1.0  # a model with real signal, not all-zero logits
     # the whole prompt at once
-    full = ours.forward(ids, ours.new_cache(64), num_logits=40).logits
+    full = ours.forward(ids, ours.new_cache(n + 8), num_logits=n).logits
     assert (full - ref).abs().max() <= TOL
-    # prefill, then chunks of 1 and 3 tokens (decode and verification shapes), with rollbacks
-    cache = ours.new_cache(64)
+    # a long chunk after a prefix (masked prompt processing), then chunks of 1 and 3 tokens
+    # (decode and verification shapes), with rollbacks
+    cache = ours.new_cache(n + 8)
     ours.forward(ids[:10], cache, num_logits=1)
-    pos, got = 10, []
-    while pos < 40:
-        n = 1 if pos % 2 else 3
-        chunk = ids[pos : pos + n]
+    got = [ours.forward(ids[10:70], cache, num_logits=60).logits]
+    pos = 70
+    while pos < n:
+        step = 1 if pos % 2 else 3
+        chunk = ids[pos : pos + step]
         got.append(ours.forward(chunk, cache, num_logits=len(chunk)).logits)
         # write garbage past the end and roll it back: must not change anything
         ours.forward(torch.tensor([5, 6]), cache, num_logits=1)

@@ -142,3 +142,19 @@ def test_chat_without_template(tiny_dir, tmp_path):
 def test_all_errors_share_a_base():
     for cls in (ModelNotFoundError, UnsupportedModelError, ContextLengthError, InvalidSamplingParamsError):
         assert issubclass(cls, VerispecError)
+
+
+def test_failed_requests_release_their_caches(tiny_dir, monkeypatch):
+    llm = LLM(str(tiny_dir("llama")), speculative={"method": "draft_model", "draft_model": str(tiny_dir("llama", seed=7))})
+    llm.generate([[1, 5, 6]], SamplingParams(max_tokens=4))
+    with pytest.raises(InvalidPromptError):
+        llm.generate([[1, 5000]], SamplingParams(max_tokens=4))
+
+    def broken_forward(*args, **kwargs):
+        raise RuntimeError("simulated failure inside the target's forward")
+
+    monkeypatch.setattr(llm.runner, "forward", broken_forward)
+    with pytest.raises(RuntimeError, match="simulated"):
+        llm.generate([[1, 5, 6]], SamplingParams(max_tokens=4))
+    assert llm.runner.open_sequences == 0
+    assert llm.decoder.proposer.runner.open_sequences == 0

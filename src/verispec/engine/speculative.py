@@ -77,12 +77,16 @@ class SpeculativeDecoder:
             started=time.perf_counter(),
         )
         req.metrics.num_prompt_tokens = len(prompt_ids)
-        if self.proposer is not None:
-            self.proposer.begin(view)
-        logits = self.target.forward(req.target_seq, prompt_ids, num_logits=1).logits  # [1, vocab]
-        req.metrics.num_target_forwards += 1
-        first = self._accept(req, logits, Draft(tokens=[]))
-        self._emit(req, first.output_tokens[0, :1].tolist())
+        try:
+            if self.proposer is not None:
+                self.proposer.begin(view)
+            logits = self.target.forward(req.target_seq, prompt_ids, num_logits=1).logits  # [1, vocab]
+            req.metrics.num_target_forwards += 1
+            first = self._accept(req, logits, Draft(tokens=[]))
+            self._emit(req, first.output_tokens[0, :1].tolist())
+        except BaseException:
+            self.finish(req)  # nothing held by a request that never started
+            raise
         req.metrics.time_to_first_token = time.perf_counter() - req.started
         return req
 

@@ -158,3 +158,46 @@ def test_failed_requests_release_their_caches(tiny_dir, monkeypatch):
         llm.generate([[1, 5, 6]], SamplingParams(max_tokens=4))
     assert llm.runner.open_sequences == 0
     assert llm.decoder.proposer.runner.open_sequences == 0
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        (dict(max_model_len="4096"), "max_model_len"),
+        (dict(max_model_len=-5), "max_model_len"),
+        (dict(num_threads=-1), "num_threads"),
+    ],
+)
+def test_bad_engine_options(tiny_dir, options, match):
+    with pytest.raises(ConfigError, match=match):
+        LLM(str(tiny_dir("llama")), **options)
+
+
+def test_bad_types_from_python_callers(llm, tiny_dir):
+    with pytest.raises(InvalidSamplingParamsError, match="seed"):
+        SamplingParams(seed=2**64)
+    with pytest.raises(InvalidSamplingParamsError, match="SamplingParams"):
+        llm.generate(["w5"], {"temperature": 0})
+    with pytest.raises(InvalidSpeculativeConfigError, match="must be a dict"):
+        LLM(str(tiny_dir("llama")), speculative="prompt_lookup")
+    with pytest.raises(InvalidSpeculativeConfigError, match="prompt_lookup_min"):
+        LLM(str(tiny_dir("llama")), speculative={"method": "prompt_lookup", "prompt_lookup_min": "2"})
+
+
+def test_tiny_temperature_is_greedy(llm):
+    greedy = llm.generate([[1, 5, 6]], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0]
+    tiny = llm.generate([[1, 5, 6]], SamplingParams(temperature=1e-39, max_tokens=6, ignore_eos=True))[0]
+    assert tiny.token_ids == greedy.token_ids
+
+
+def test_draft_model_with_a_shorter_context(tiny_dir, tmp_path):
+    folder = tmp_path / "short"
+    shutil.copytree(tiny_dir("llama", seed=7), folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["max_position_embeddings"] = 32
+    (folder / "config.json").write_text(json.dumps(cfg))
+    llm = LLM(str(tiny_dir("llama")), speculative={"method": "draft_model", "draft_model": str(folder)})
+    assert llm.generate([[1, 5, 6]], SamplingParams(max_tokens=8))[0].token_ids
+    with pytest.raises(ContextLengthError, match="draft model's context of 32"):
+        llm.generate([[1] * 30], SamplingParams(max_tokens=8))
+    assert llm.runner.open_sequences == 0

@@ -66,3 +66,13 @@ def test_config_translation(tmp_path):
     path.mkdir()
     make_hf_model("qwen2", path)
     assert load_hf_folder(path).config.qkv_bias
+
+
+def test_gguf_rope_frequency_factors_divide_the_frequencies():
+    from verispec.models.config import RopeConfig
+    from verispec.models.transformer import rope_inv_freq
+
+    plain = rope_inv_freq(RopeConfig(theta=500000.0), 8)
+    factors = (1.0, 2.0, 4.0, 8.0)
+    scaled = rope_inv_freq(RopeConfig(theta=500000.0, freq_factors=factors), 8)
+    assert torch.allclose(scaled, plain / torch.tensor(factors))

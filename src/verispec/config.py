@@ -47,8 +47,8 @@ class SamplingParams:
             bad(f"top_k must be an integer >= -1 (0 or -1 = off), got {self.top_k!r}")
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             bad(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            bad(f"seed must be an integer, got {self.seed!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63):
+            bad(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if any(not isinstance(s, str) or not s for s in stops):
             bad(f"stop must be non-empty strings, got {self.stop!r}")
@@ -60,7 +60,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # below this, logits / temperature overflows float32; vLLM draws the same line
+        return self.temperature < 1e-5
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,10 @@ class SpeculativeConfig:
         k = self.num_speculative_tokens
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 64:
             raise InvalidSpeculativeConfigError(f"num_speculative_tokens must be in 1..64, got {k!r}")
-        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+        if self.method is not None and not isinstance(self.method, str):
+            raise InvalidSpeculativeConfigError(f"method must be a string, got {self.method!r}")
+        n_min, n_max = self.prompt_lookup_min, self.prompt_lookup_max
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in (n_min, n_max)) or not 1 <= n_min <= n_max:
             raise InvalidSpeculativeConfigError(
                 "need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
                 f"{self.prompt_lookup_min}, {self.prompt_lookup_max}"
@@ -87,6 +91,10 @@ class SpeculativeConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> "SpeculativeConfig":
+        if raw is not None and not isinstance(raw, dict):
+            raise InvalidSpeculativeConfigError(
+                f"speculative must be a dict such as {{'method': 'prompt_lookup'}}, got {raw!r}"
+            )
         raw = dict(raw or {})
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(raw) - known)
@@ -110,3 +118,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        for name in ("max_model_len", "num_threads"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")

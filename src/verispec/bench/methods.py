@@ -108,7 +108,9 @@ class HFMethod:
 
     def run(self, prompt_ids, max_tokens, temperature, seed) -> Run:
         timer = _FirstTokenTimer()
-        sampling = dict(do_sample=True, temperature=temperature, top_k=0) if temperature > 0 else dict(do_sample=False)
+        # override whatever the model's generation_config carries: the same plain distribution as ours
+        sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(do_sample=False)
+        sampling["repetition_penalty"] = 1.0
         if temperature > 0:
             torch.manual_seed(seed)
         self._forwards = 0
@@ -160,11 +162,13 @@ class LlamaCppMethod:
 
     def run(self, prompt_ids, max_tokens, temperature, seed) -> Run:
         self.llm.reset()
+        self.llm.set_seed(seed)
         tokens: list[int] = []
         t = time.perf_counter()
         first = None
-        gen = self.llm.generate(prompt_ids, temp=temperature, top_k=0 if temperature else 1, top_p=1.0,
-                                seed=seed, reset=True)
+        # every truncation off (llama.cpp defaults to top-k 40, top-p 0.95, min-p 0.05): the plain distribution
+        gen = self.llm.generate(prompt_ids, temp=temperature, top_k=0 if temperature else 1, top_p=1.0, min_p=0.0,
+                                typical_p=1.0, repeat_penalty=1.0, reset=True)
         for tok in gen:
             first = first or time.perf_counter()
             tokens.append(tok)

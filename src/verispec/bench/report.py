@@ -60,8 +60,10 @@ def markdown(result: BenchResult) -> str:
         f"# Spec-Bench: {cfg.model}",
         "",
         f"{n_q} questions ({cfg.limit} per subtask at most), max {cfg.max_tokens} new tokens per turn, "
-        f"temperature {cfg.temperature}, k = {cfg.k}. Speedup = mean per-question tokens/s over our plain "
-        "decoding's, measured in the same run, methods interleaved per question.",
+        f"temperature {cfg.temperature}, k = {cfg.k} for our speculative methods (the peers' prompt lookup drafts "
+        "10 tokens, their usual setting). Speedup = mean per-question tokens/s over our plain decoding's, measured "
+        "in the same run, methods interleaved per question (order rotated, one untimed warm-up each). tok/s and "
+        "TTFT include prompt processing.",
         "",
         "| method | " + " | ".join(subs) + " | mean accepted | overall speedup | tok/s | TTFT s | identical to plain |",
         "|---|" + "---|" * (len(subs) + 5),

@@ -50,7 +50,7 @@ class Record:
     target_forwards: int
     accepted_lengths: list[int]
     accepted_per_position: list[int]
-    peak_rss_mb: float
+    process_peak_rss_mb: float  # the process's high-water mark so far (all methods share the process)
     matches_plain: bool | None = None  # greedy: same tokens as our plain decoding
     first_mismatch: int | None = None
 
@@ -153,33 +153,43 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
         print(f"[bench] skipping {name}: {why}", file=sys.stderr)
     questions = select_questions(cfg)
     result = BenchResult(cfg, skipped=skipped)
+    if questions:  # untimed warm-up: first-touch costs must not land on whichever method runs first
+        warm = llm.tokenizer.encode_chat([{"role": "user", "content": questions[0]["turns"][0]}])
+        for m in methods:
+            m.run(warm, 8, cfg.temperature, cfg.seed)
     bar = tqdm(total=len(questions) * len(methods), desc="bench", unit="run", file=sys.stderr)
     tok_sum: dict[str, tuple[int, float]] = {}
-    for q in questions:
-        plain_tokens: list[int] | None = None
-        for m in methods:
+    for i, q in enumerate(questions):
+        records: dict[str, tuple[Record, list[int]]] = {}
+        for m in methods[i % len(methods):] + methods[: i % len(methods)]:  # rotate: no method always first
             n, t = tok_sum.get(m.name, (0, 0.0))
             bar.set_postfix_str(f"{m.name} q{q['question_id']} ({subtask(q)}) {n / t if t else 0:.1f} tok/s")
             tokens, wall, ttft, forwards, lengths, per_pos = run_question(m, llm, q, cfg)
             tok_sum[m.name] = (n + len(tokens), t + wall)
-            rec = Record(q["question_id"], subtask(q), m.name, len(tokens), wall, ttft, forwards, lengths, per_pos,
-                         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-            if m.name == "plain":
-                plain_tokens = tokens
-            elif cfg.temperature == 0 and plain_tokens is not None:
-                rec.matches_plain = tokens == plain_tokens
-                if not rec.matches_plain:
-                    rec.first_mismatch = next((i for i, (a, b) in enumerate(zip(tokens, plain_tokens)) if a != b),
-                                              min(len(tokens), len(plain_tokens)))
-                    if m.speculative:
-                        msg = (f"MISMATCH: {m.name} differs from plain on question {q['question_id']} "
-                               f"at new token {rec.first_mismatch} (a bug in a lossless method)")
-                        result.mismatches.append(msg)
-                        tqdm.write(f"[bench] {msg}", file=sys.stderr)
-            result.records.append(rec)
+            records[m.name] = (Record(q["question_id"], subtask(q), m.name, len(tokens), wall, ttft, forwards, lengths,
+                                      per_pos, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), tokens)
             bar.update(1)
+        plain_tokens = records["plain"][1]
+        for m in methods:
+            rec, tokens = records[m.name]
+            if m.name != "plain" and cfg.temperature == 0:
+                _compare(rec, tokens, plain_tokens, m.speculative, result)
+            result.records.append(rec)
     bar.close()
     return result
+
+
+def _compare(rec: Record, tokens: list[int], plain: list[int], lossless: bool, result: BenchResult) -> None:
+    """Greedy: a lossless method must reproduce our plain decoding token for token."""
+    rec.matches_plain = tokens == plain
+    if rec.matches_plain:
+        return
+    rec.first_mismatch = next((i for i, (a, b) in enumerate(zip(tokens, plain)) if a != b), min(len(tokens), len(plain)))
+    if lossless:
+        msg = (f"MISMATCH: {rec.method} differs from plain on question {rec.question_id} "
+               f"at new token {rec.first_mismatch} (a bug in a lossless method)")
+        result.mismatches.append(msg)
+        tqdm.write(f"[bench] {msg}", file=sys.stderr)
 
 
 def save(result: BenchResult, out: Path) -> None:

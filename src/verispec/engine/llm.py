@@ -18,7 +18,7 @@ from verispec.config import EngineConfig, SamplingParams, SpeculativeConfig
 from verispec.engine.metrics import RequestMetrics
 from verispec.engine.runner import TorchRunner
 from verispec.engine.speculative import Request, SpeculativeDecoder
-from verispec.errors import ConfigError, InvalidPromptError
+from verispec.errors import ConfigError, InvalidPromptError, InvalidSamplingParamsError
 from verispec.models.registry import load_model
 from verispec.proposers.base import create_proposer
 
@@ -91,7 +91,7 @@ class LLM:
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         """Complete each prompt (text, or a list of token ids). One output per prompt, in order."""
-        params = sampling_params or SamplingParams()
+        params = _check_params(sampling_params)
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         items = list(prompts)
@@ -123,7 +123,7 @@ class LLM:
         for conv in conversations:
             _check_messages(conv)
             ids = self.tokenizer.encode_chat(conv)  # type: ignore[arg-type]
-            outs.append(self._run(None, ids, sampling_params or SamplingParams()))
+            outs.append(self._run(None, ids, _check_params(sampling_params)))
         return outs
 
     def _run(self, text: str | None, ids: list[int], params: SamplingParams) -> RequestOutput:
@@ -134,6 +134,17 @@ class LLM:
 def _completion(req: Request) -> CompletionOutput:
     text = req.stops.final_text(req.output_ids, req.text_end)
     return CompletionOutput(text, list(req.output_ids), req.finish_reason, req.metrics)
+
+
+def _check_params(params: Any) -> SamplingParams:
+    if params is None:
+        return SamplingParams()
+    if not isinstance(params, SamplingParams):
+        raise InvalidSamplingParamsError(
+            f"sampling_params must be a SamplingParams, got {type(params).__name__}; "
+            "write SamplingParams(**your_dict)"
+        )
+    return params
 
 
 def _check_messages(messages: Any) -> None:

@@ -48,6 +48,7 @@ class TorchRunner:
                  dtype: torch.dtype = torch.float32, max_context: int | None = None) -> None:
         if dtype != torch.float32:
             weights = {k: v.to(dtype) for k, v in weights.items()}
+        self.dtype = dtype
         self.model = Transformer(config, weights)
         self.config = config
         self.tokenizer = tokenizer

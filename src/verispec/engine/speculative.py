@@ -59,6 +59,7 @@ class SpeculativeDecoder:
     # -- request lifecycle --------------------------------------------------------------------
     def start(self, prompt_ids: list[int], params: SamplingParams) -> Request:
         """Check the request, prefill the prompt and emit the first token."""
+        started = time.perf_counter()
         self._check_prompt(prompt_ids, params)
         capacity = len(prompt_ids) + params.max_tokens
         generator = None
@@ -74,7 +75,7 @@ class SpeculativeDecoder:
             view=view,
             stops=StopChecker(params, self.target.tokenizer, self.target.eos_token_ids),
             target_seq=self.target.open(capacity),
-            started=time.perf_counter(),
+            started=started,
         )
         req.metrics.num_prompt_tokens = len(prompt_ids)
         try:

@@ -30,6 +30,8 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
+    # GGUF (llama.cpp) stores Llama 3.1+ scaling as per-frequency divisors instead
+    freq_factors: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -87,12 +89,18 @@ class ModelConfig:
     @classmethod
     def from_json(cls, text: str) -> "ModelConfig":
         raw = json.loads(text)
-        raw["rope"] = RopeConfig(**raw["rope"])
+        raw["rope"] = _rope_from_json(raw["rope"])
         if raw.get("rope_local") is not None:
-            raw["rope_local"] = RopeConfig(**raw["rope_local"])
+            raw["rope_local"] = _rope_from_json(raw["rope_local"])
         raw["layer_types"] = tuple(raw["layer_types"])
         raw["eos_token_ids"] = tuple(raw["eos_token_ids"])
         return cls(**raw)
+
+
+def _rope_from_json(raw: dict[str, Any]) -> RopeConfig:
+    if raw.get("freq_factors") is not None:
+        raw = {**raw, "freq_factors": tuple(raw["freq_factors"])}
+    return RopeConfig(**raw)
 
 
 # ---------------------------------------------------------------------------------------------

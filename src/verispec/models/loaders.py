@@ -6,6 +6,7 @@ cached on disk keyed by the file's SHA-256, so a second load is a memory map of 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -106,8 +107,6 @@ def load_hf_folder(path: Path) -> LoadedModel:
 
 
 def _replace(config: ModelConfig, **changes) -> ModelConfig:
-    import dataclasses
-
     return dataclasses.replace(config, **changes)
 
 
@@ -143,24 +142,35 @@ def file_sha256(path: Path) -> str:
 def load_gguf(path: Path) -> LoadedModel:
     digest = file_sha256(path)
     folder = cache_root() / f"gguf-{digest[:24]}-v{CACHE_VERSION}"
-    if (folder / "done").exists():
-        config = ModelConfig.from_json((folder / "config.json").read_text())
-        weights = load_file(str(folder / "weights.safetensors"))
-        return LoadedModel(config, weights, Tokenizer.load(folder), str(path))
+    if not (folder / "done").exists():
+        shutil.rmtree(folder, ignore_errors=True)  # a partial folder left by a crashed older version
+        _convert_to_cache(path, folder)
+        for stale in folder.parent.glob(f"gguf-{digest[:24]}-v*"):  # conversions by older versions
+            if stale != folder and not stale.name.startswith(folder.name):
+                shutil.rmtree(stale, ignore_errors=True)
+    config = ModelConfig.from_json((folder / "config.json").read_text())
+    weights = load_file(str(folder / "weights.safetensors"))
+    return LoadedModel(config, weights, Tokenizer.load(folder), str(path))
+
+
+def _convert_to_cache(path: Path, folder: Path) -> None:
+    """Convert into a private folder, then rename it into place: a concurrent loader never sees
+    half-written files, and of two concurrent conversions the first rename wins."""
     _log(f"converting {path.name} (first load; cached in {folder})")
     t0 = time.time()
     config, weights, tokenizer = convert_gguf(path)
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(weights, str(folder / "weights.safetensors"))
-    (folder / "config.json").write_text(config.to_json())
-    tokenizer.save(folder)
-    (folder / "done").write_text(str(path))
+    tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file(weights, str(tmp / "weights.safetensors"))
+    (tmp / "config.json").write_text(config.to_json())
+    tokenizer.save(tmp)
+    (tmp / "done").write_text(str(path))
+    try:
+        tmp.rename(folder)
+    except OSError:  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True)
     _log(f"converted in {time.time() - t0:.1f}s")
-    for stale in folder.parent.glob(f"gguf-{digest[:24]}-v*"):  # conversions by older versions
-        if stale != folder:
-            shutil.rmtree(stale, ignore_errors=True)
-    weights = load_file(str(folder / "weights.safetensors"))  # memory-mapped, not the heap copies
-    return LoadedModel(config, weights, tokenizer, str(path))
 
 
 def _field(reader, key: str, default=None):
@@ -226,7 +236,8 @@ def gguf_config(reader, tokenizer: Tokenizer) -> ModelConfig:
             sandwich_norm=True,
             embed_scale=math.sqrt(hidden),
             activation="gelu_tanh",
-            attn_scale=head_dim**-0.5,
+            # llama.cpp: query_pre_attn_scalar is hidden / heads for the 27B model, head_dim otherwise
+            attn_scale=(hidden // heads if n_layers == 62 else head_dim) ** -0.5,
             **common,
         )
     window = g("attention.sliding_window")
@@ -293,7 +304,12 @@ def convert_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], Toke
         for src, dst in _GGUF_NAMES.items():
             if b + src in raw:
                 w[f"layers.{i}.{dst}"] = torch.from_numpy(raw.pop(b + src))
-    leftovers = [n for n in raw if not n.startswith("rope_")]
+    if "rope_freqs.weight" in raw:  # Llama 3.1+: llama3 RoPE scaling as per-frequency divisors
+        factors = tuple(float(x) for x in raw.pop("rope_freqs.weight").reshape(-1))
+        if len(factors) != config.head_dim // 2:
+            raise UnsupportedModelError(f"rope_freqs has {len(factors)} factors for head_dim {config.head_dim}")
+        config = dataclasses.replace(config, rope=dataclasses.replace(config.rope, freq_factors=factors))
+    leftovers = list(raw)
     if leftovers:
         raise UnsupportedModelError(f"GGUF tensors not understood: {leftovers[:5]}")
     return config, {k: v.contiguous() for k, v in w.items()}, tokenizer

@@ -43,6 +43,8 @@ from verispec.models.kv_cache import KVCache
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
     """Inverse frequencies [head_dim / 2], float32, with the configured scaling."""
     inv = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if rope.freq_factors is not None:
+        inv = inv / torch.tensor(rope.freq_factors, dtype=torch.float32)
     if rope.kind == "linear":
         inv = inv / rope.factor
     elif rope.kind == "llama3":

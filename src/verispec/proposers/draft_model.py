@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from verispec.errors import IncompatibleDraftError
+from verispec.errors import ContextLengthError, IncompatibleDraftError
 from verispec.proposers.base import Draft, SequenceView, register
 from verispec.sampling.processors import logits_to_probs, sample_from_probs
 
@@ -30,11 +30,16 @@ class DraftModelProposer:
     def create(cls, config, target) -> "DraftModelProposer":
         from verispec.engine.llm import build_runner
 
-        runner = build_runner(config.draft_model, dtype=getattr(target, "dtype", torch.float32))
+        runner = build_runner(config.draft_model, dtype=target.dtype)
         check_same_vocabulary(target, runner)
         return cls(runner)
 
     def begin(self, seq: SequenceView) -> None:
+        if seq.capacity > self.runner.max_context:
+            raise ContextLengthError(
+                f"prompt + max_tokens = {seq.capacity} tokens exceeds the draft model's context of "
+                f"{self.runner.max_context} tokens"
+            )
         self._seqs[seq.request_id] = self.runner.open(seq.capacity)
 
     def propose(self, seq: SequenceView, k: int) -> Draft:

@@ -65,3 +65,20 @@ def test_profile_measures_the_cost_curve(tiny_dir, tmp_path, capsys):
     assert all(ms > 0 for ms in profile.ms["128"])
     assert profile.cost(4, 100) == profile.ms["128"][3]
     assert "forward cost" in capsys.readouterr().out
+
+
+def test_per_position_counts_add_up_across_turns_and_reports_redraw(tiny_dir, questions, tmp_path):
+    from verispec.bench.run import add_counts
+
+    assert add_counts([1, 2], [3]) == [4, 2] and add_counts([], [1, 1]) == [1, 1]
+    out = tmp_path / "o"
+    assert main(["bench", "--model", str(tiny_dir("llama")), "--questions", str(questions), "--limit", "1",
+                 "--max-tokens", "12", "--methods", "plain,prompt_lookup", "--k", "3", "--out", str(out)]) == 0
+    data = json.loads((out / "results.json").read_text())
+    for r in data["records"]:
+        assert len(r["accepted_per_position"]) <= 3
+        assert sum(r["accepted_per_position"]) == sum(r["accepted_lengths"])
+    first = (out / "report.md").read_text()
+    (out / "report.md").unlink()
+    assert main(["bench", "--report", str(out / "results.json")]) == 0
+    assert (out / "report.md").read_text() == first

@@ -28,13 +28,18 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--seed", type=int, default=0, help="base seed of sampling runs")
     b.add_argument("--quick", action="store_true", help=f"a few questions, short answers ({QUICK}): minutes, not hours")
     b.add_argument("--profile", action="store_true", help="measure the target's forward cost for k = 1..32 instead")
+    b.add_argument("--report", default=None, metavar="RESULTS_JSON",
+                   help="redraw report.md and the plots from a saved results.json (into its folder), run nothing")
 
 
 def run(args: argparse.Namespace) -> int:
     from verispec.bench.report import markdown, plots
-    from verispec.bench.run import run_bench, save
+    from verispec.bench.run import load, run_bench, save
 
     out = Path(args.out)
+    if args.report:
+        result = load(Path(args.report))
+        return _write_report(result, Path(args.report).parent)
     if args.profile:
         from verispec import LLM
         from verispec.bench.profile import measure, table
@@ -60,6 +65,12 @@ def run(args: argparse.Namespace) -> int:
     )
     result = run_bench(cfg)
     save(result, out)
+    return _write_report(result, out)
+
+
+def _write_report(result, out: Path) -> int:
+    from verispec.bench.report import markdown, plots
+
     report = markdown(result)
     (out / "report.md").write_text(report)
     pngs = plots(result, out)

@@ -139,9 +139,15 @@ def run_question(method: Method, llm, q: dict, cfg: BenchConfig) -> tuple[list[i
         forwards += r.target_forwards
         tokens += r.token_ids
         lengths += r.accepted_lengths
-        per_pos = [a + b for a, b in zip(per_pos + [0] * len(r.accepted_per_position), r.accepted_per_position + [0] * len(per_pos))]
+        per_pos = add_counts(per_pos, r.accepted_per_position)
         messages.append({"role": "assistant", "content": llm.tokenizer.decode(r.token_ids)})
     return tokens, wall, ttft, forwards, lengths, per_pos
+
+
+def add_counts(a: list[int], b: list[int]) -> list[int]:
+    """Element-wise sum of two per-position count lists of any lengths: [1, 2] + [3] = [4, 2]."""
+    n = max(len(a), len(b))
+    return [x + y for x, y in zip(a + [0] * (n - len(a)), b + [0] * (n - len(b)))]
 
 
 def run_bench(cfg: BenchConfig) -> BenchResult:
@@ -202,3 +208,19 @@ def save(result: BenchResult, out: Path) -> None:
         "created": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     (out / "results.json").write_text(json.dumps(data, indent=1))
+
+
+def load(path: Path) -> BenchResult:
+    """A saved results.json back into a BenchResult (to redraw the report and plots)."""
+    data = json.loads(Path(path).read_text())
+    cfg = BenchConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in data["config"].items()})
+    fields = set(Record.__dataclass_fields__)
+    records = []
+    for raw in data["records"]:
+        raw = dict(raw)
+        if "peak_rss_mb" in raw:  # the name results.json used before
+            raw["process_peak_rss_mb"] = raw.pop("peak_rss_mb")
+        # runs saved before a fix padded per-position counts past k with zeros
+        raw["accepted_per_position"] = raw["accepted_per_position"][: cfg.k]
+        records.append(Record(**{k: v for k, v in raw.items() if k in fields}))
+    return BenchResult(cfg, records, data.get("skipped", {}), data.get("mismatches", []))

@@ -47,6 +47,7 @@ class Tokenizer:
         self.fallback_template = fallback_template
         self.use_post_processor = use_post_processor  # HF folders: tokenizer.json adds BOS itself
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+        self._warned_fallback = False
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -135,7 +136,9 @@ class Tokenizer:
                 raise ChatTemplateError(
                     "this model carries no chat template; use generate() with a plain prompt instead"
                 )
-            log.warning("model has no chat template; using the Gemma turn format as a fallback")
+            if not self._warned_fallback:
+                log.warning("model has no chat template; using the Gemma turn format as a fallback")
+                self._warned_fallback = True
             template = self.fallback_template
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
 

@@ -62,8 +62,10 @@ def markdown(result: BenchResult) -> str:
         f"{n_q} questions ({cfg.limit} per subtask at most), max {cfg.max_tokens} new tokens per turn, "
         f"temperature {cfg.temperature}, k = {cfg.k} for our speculative methods (the peers' prompt lookup drafts "
         "10 tokens, their usual setting). Speedup = mean per-question tokens/s over our plain decoding's, measured "
-        "in the same run, methods interleaved per question (order rotated, one untimed warm-up each). tok/s and "
-        "TTFT include prompt processing.",
+        "in the same run, methods interleaved per question "
+        + ("(order rotated, one untimed warm-up each)" if result.protocol == "rotated"
+           else "(in a fixed order, plain first, no warm-up run)")
+        + ". tok/s and TTFT include prompt processing.",
         "",
         "| method | " + " | ".join(subs) + " | mean accepted | overall speedup | tok/s | TTFT s | identical to plain |",
         "|---|" + "---|" * (len(subs) + 5),

@@ -65,6 +65,8 @@ class BenchResult:
     records: list[Record] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # method -> why
     mismatches: list[str] = field(default_factory=list)
+    # how methods were ordered; results.json files written before the rotation say "fixed"
+    protocol: str = "rotated"
 
 
 def build_methods(cfg: BenchConfig, llm) -> tuple[list[Method], dict[str, str]]:
@@ -204,6 +206,7 @@ def save(result: BenchResult, out: Path) -> None:
         "config": asdict(result.config),
         "skipped": result.skipped,
         "mismatches": result.mismatches,
+        "protocol": result.protocol,
         "records": [{**asdict(r), "tokens_per_s": r.tokens_per_s} for r in result.records],
         "created": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
@@ -223,4 +226,4 @@ def load(path: Path) -> BenchResult:
         # runs saved before a fix padded per-position counts past k with zeros
         raw["accepted_per_position"] = raw["accepted_per_position"][: cfg.k]
         records.append(Record(**{k: v for k, v in raw.items() if k in fields}))
-    return BenchResult(cfg, records, data.get("skipped", {}), data.get("mismatches", []))
+    return BenchResult(cfg, records, data.get("skipped", {}), data.get("mismatches", []), data.get("protocol", "fixed"))

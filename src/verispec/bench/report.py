@@ -121,6 +121,8 @@ def plots(result: BenchResult, out: Path) -> list[Path]:
     for m, row in summary.items():
         if row["acceptance_by_position"]:
             ax.plot(range(1, len(row["acceptance_by_position"]) + 1), row["acceptance_by_position"], marker="o", label=m)
+    longest = max((len(row["acceptance_by_position"]) for row in summary.values()), default=0)
+    ax.set_xticks(range(1, longest + 1))
     ax.set_xlabel("draft position")
     ax.set_ylabel("accepted / drafts")
     ax.set_ylim(0, 1)

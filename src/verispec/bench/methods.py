@@ -157,8 +157,9 @@ class LlamaCppMethod:
         self.name = name
         self.speculative = False
         self.eos_ids = set(eos_ids)
+        # its speculative path reads logits of every position: it needs logits_all (n_ctx x vocab floats)
         self.llm = llama_cpp.Llama(model_path=gguf_path, n_ctx=4096, verbose=False, draft_model=draft,
-                                   n_threads=torch.get_num_threads())
+                                   logits_all=draft is not None, n_threads=torch.get_num_threads())
 
     def run(self, prompt_ids, max_tokens, temperature, seed) -> Run:
         self.llm.reset()

@@ -52,19 +52,10 @@ class OursMethod:
 
     def run(self, prompt_ids, max_tokens, temperature, seed) -> Run:
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
-        req = self.decoder.start(prompt_ids, params)
-        steps: list[int] = []  # accepted draft tokens of each step that drafted
-        try:
-            while not req.finished:
-                drafts, accepted = req.metrics.num_drafts, req.metrics.num_accepted_tokens
-                self.decoder.step(req)
-                if req.metrics.num_drafts > drafts:
-                    steps.append(req.metrics.num_accepted_tokens - accepted)
-        finally:
-            self.decoder.finish(req)
+        req = self.decoder.generate(prompt_ids, params)
         m = req.metrics
-        return Run(list(req.output_ids), m.total_time, m.time_to_first_token, m.num_target_forwards, steps,
-                   list(m.accepted_per_position))
+        return Run(list(req.output_ids), m.total_time, m.time_to_first_token, m.num_target_forwards,
+                   list(m.accepted_lengths), list(m.accepted_per_position))
 
 
 # ---------------------------------------------------------------------------------------------

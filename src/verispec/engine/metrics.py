@@ -22,6 +22,7 @@ class RequestMetrics:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
+    accepted_lengths: list[int] = field(default_factory=list)  # accepted draft tokens of each draft
     num_target_forwards: int = 0  # prefill included
     time_to_first_token: float = 0.0  # seconds, prefill plus the first token
     total_time: float = 0.0  # seconds, prefill to the last token
@@ -32,6 +33,7 @@ class RequestMetrics:
         self.num_drafts += 1
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted
+        self.accepted_lengths.append(num_accepted)
         if len(self.accepted_per_position) < num_draft_tokens:
             self.accepted_per_position += [0] * (num_draft_tokens - len(self.accepted_per_position))
         for i in range(num_accepted):

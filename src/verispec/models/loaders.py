@@ -102,12 +102,8 @@ def load_hf_folder(path: Path) -> LoadedModel:
         hf.update(load_file(str(f)))
     tokenizer = Tokenizer.from_hf_folder(path)
     if not config.eos_token_ids and tokenizer.eos_token_ids:
-        config = _replace(config, eos_token_ids=tokenizer.eos_token_ids)
+        config = dataclasses.replace(config, eos_token_ids=tokenizer.eos_token_ids)
     return LoadedModel(config, hf_to_ours(config, hf), tokenizer, str(path))
-
-
-def _replace(config: ModelConfig, **changes) -> ModelConfig:
-    return dataclasses.replace(config, **changes)
 
 
 # ---------------------------------------------------------------------------------------------

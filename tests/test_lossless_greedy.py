@@ -33,7 +33,7 @@ def family(request, tiny_dir):
 @pytest.mark.parametrize("method", ["prompt_lookup", "draft_model", "draft_model_self"])
 def test_greedy_identical(family, method, k):
     target, draft, ps, params, ref = family
-    spec = {"method": method.removesuffix("_self"), "num_speculative_tokens": k}
+    spec = {"method": method.removesuffix("_self"), "num_speculative_tokens": k, "adaptive_k": False}
     if method == "draft_model":
         spec["draft_model"] = str(draft)
     if method == "draft_model_self":  # drafts always accepted: exercises the bonus-token path

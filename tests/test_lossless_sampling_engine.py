@@ -33,7 +33,7 @@ def exact_second_token_distribution(llm):
 def spec_llm(tiny_dir):
     return LLM(
         str(tiny_dir("llama", seed=0)),
-        speculative={"method": "draft_model", "draft_model": str(tiny_dir("llama", seed=7)), "num_speculative_tokens": 3},
+        speculative={"method": "draft_model", "draft_model": str(tiny_dir("llama", seed=7)), "num_speculative_tokens": 3, "adaptive_k": False},
     )
 
 

@@ -18,7 +18,7 @@ def models(tiny_dir):
     plain = LLM(str(target))
     # the target drafting for itself: every draft is accepted, so the whole block is one
     # accepted run and any stop falls inside it
-    spec = LLM(str(target), speculative={"method": "draft_model", "draft_model": str(target), "num_speculative_tokens": 8})
+    spec = LLM(str(target), speculative={"method": "draft_model", "draft_model": str(target), "num_speculative_tokens": 8, "adaptive_k": False})
     ref = plain.generate([PROMPT], SamplingParams(max_tokens=40, **GREEDY))[0]
     return target, plain, spec, ref
 
@@ -90,7 +90,7 @@ def test_eos_inside_block(models, tmp_path):
     cfg = json.loads((folder / "config.json").read_text())
     cfg["eos_token_id"] = eos
     (folder / "config.json").write_text(json.dumps(cfg))
-    llm = LLM(str(folder), speculative={"method": "draft_model", "draft_model": str(folder), "num_speculative_tokens": 8})
+    llm = LLM(str(folder), speculative={"method": "draft_model", "draft_model": str(folder), "num_speculative_tokens": 8, "adaptive_k": False})
     out = llm.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=40))[0]
     assert out.token_ids == ref.token_ids[: j + 1] and out.finish_reason == "stop"
     check_no_leak(out, j + 1)

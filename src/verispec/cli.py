@@ -34,7 +34,10 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[
         tp = _base_type(hints[f.name])
         default = f.default if f.default is not dataclasses.MISSING else None
         if tp is bool:
-            parser.add_argument(flag, dest=f.name, action="store_true", help=f.metadata["help"])
+            parser.add_argument(
+                flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
+                help=f"{f.metadata['help']} (default: {'on' if default else 'off'})",
+            )
         elif typing.get_origin(tp) is list:
             item = typing.get_args(tp)[0]
             parser.add_argument(flag, dest=f.name, type=item, action="append", default=None, help=f.metadata["help"])

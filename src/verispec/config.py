@@ -73,6 +73,13 @@ class SpeculativeConfig:
     draft_model: str | None = opt(None, "draft model (name or path) for method draft_model")
     prompt_lookup_min: int = opt(2, "smallest n-gram prompt lookup matches")
     prompt_lookup_max: int = opt(4, "largest n-gram prompt lookup matches")
+    adaptive_k: bool = opt(
+        True,
+        "choose each request's k (0..num_speculative_tokens) per step from its measured acceptance "
+        "and the forward's cost curve, so drafting backs off where it does not pay",
+    )
+    disable_by_batch_size: int | None = opt(None, "no drafting while more requests than this run in one batch")
+    cost_profile: str | None = opt(None, "forward-cost profile JSON from `verispec bench --profile` for adaptive k")
 
     def __post_init__(self) -> None:
         k = self.num_speculative_tokens
@@ -86,6 +93,11 @@ class SpeculativeConfig:
                 "need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
                 f"{self.prompt_lookup_min}, {self.prompt_lookup_max}"
             )
+        d = self.disable_by_batch_size
+        if d is not None and (isinstance(d, bool) or not isinstance(d, int) or d < 1):
+            raise InvalidSpeculativeConfigError(f"disable_by_batch_size must be a positive integer, got {d!r}")
+        if not isinstance(self.adaptive_k, bool):
+            raise InvalidSpeculativeConfigError(f"adaptive_k must be true or false, got {self.adaptive_k!r}")
         if self.method == "draft_model" and not self.draft_model:
             raise InvalidSpeculativeConfigError("method draft_model needs draft_model=<name or path>")
 

@@ -1,6 +1,6 @@
 """Typed errors: every failure a user can cause has its own class and a clear message.
 
-The server (a later issue) maps these once to OpenAI-style error bodies; nothing here
+The server maps these once to OpenAI-style error bodies (`server/errors.py`); nothing here
 knows about HTTP.
 """
 
@@ -43,3 +43,11 @@ class ChatTemplateError(VerispecError):
 
 class InvalidPromptError(VerispecError, ValueError):
     """An empty prompt, or token ids outside the vocabulary."""
+
+
+class QueueFullError(VerispecError):
+    """The server's waiting queue is full (HTTP 503: retry later)."""
+
+
+class EngineNotReadyError(VerispecError):
+    """The server is still loading its model (HTTP 503)."""

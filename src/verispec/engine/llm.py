@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -16,6 +17,7 @@ import torch
 
 from verispec.config import EngineConfig, SamplingParams, SpeculativeConfig
 from verispec.engine.metrics import RequestMetrics
+from verispec.engine.policy import SpeculationPolicy, default_cost, profile_cost
 from verispec.engine.runner import TorchRunner
 from verispec.engine.speculative import Request, SpeculativeDecoder
 from verispec.errors import ConfigError, InvalidPromptError, InvalidSamplingParamsError
@@ -30,6 +32,20 @@ def build_runner(model: str, dtype: torch.dtype | str = torch.float32, max_conte
     if isinstance(dtype, str):
         dtype = _DTYPES[dtype]
     return TorchRunner(loaded.config, loaded.weights, loaded.tokenizer, dtype=dtype, max_context=max_context)
+
+
+def build_policy(spec: SpeculativeConfig, draft_cost: float = 0.0) -> SpeculationPolicy:
+    """The speculation-length policy the configuration asks for."""
+    cost = default_cost
+    if spec.cost_profile:
+        from verispec.bench.profile import CostProfile
+
+        try:
+            cost = profile_cost(CostProfile.load(Path(spec.cost_profile)))
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            raise ConfigError(f"cannot read the cost profile {spec.cost_profile}: {e}") from e
+    k = spec.num_speculative_tokens if spec.method else 0
+    return SpeculationPolicy(k, adaptive=spec.adaptive_k, disable_by_batch_size=spec.disable_by_batch_size, cost=cost, draft_cost=draft_cost)
 
 
 @dataclass
@@ -82,7 +98,8 @@ class LLM:
         self.runner = build_runner(model, self.config.dtype, self.config.max_model_len)
         self.tokenizer = self.runner.tokenizer
         proposer = create_proposer(spec, self.runner) if spec.method else None
-        self.decoder = SpeculativeDecoder(self.runner, proposer, spec.num_speculative_tokens)
+        policy = build_policy(spec, getattr(proposer, "relative_cost", 0.0))
+        self.decoder = SpeculativeDecoder(self.runner, proposer, spec.num_speculative_tokens, policy)
 
     def generate(
         self,

@@ -26,6 +26,7 @@ class RequestMetrics:
     num_target_forwards: int = 0  # prefill included
     time_to_first_token: float = 0.0  # seconds, prefill plus the first token
     total_time: float = 0.0  # seconds, prefill to the last token
+    queue_time: float = 0.0  # seconds waiting for a place in the running batch (server)
 
     def observe_draft(self, num_draft_tokens: int, num_accepted: int) -> None:
         if num_draft_tokens == 0:

@@ -9,14 +9,23 @@ logits (and hidden states where the backend has them), truncate, free. A second 
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from verispec.models.config import ModelConfig
 from verispec.models.kv_cache import KVCache
-from verispec.models.transformer import ForwardOutput, Transformer
+from verispec.models.transformer import ForwardOutput, Segment, Transformer
 from verispec.tokenizer import Tokenizer
+
+
+@dataclass
+class BatchItem:
+    seq: int
+    tokens: list[int]  # appended at the sequence's next positions
+    num_logits: int = 1  # logits of the last num_logits of them
+    return_hidden: bool = False
 
 
 class ModelRunner(Protocol):
@@ -24,12 +33,16 @@ class ModelRunner(Protocol):
     max_context: int
     tokenizer: Tokenizer
     eos_token_ids: tuple[int, ...]
+    weight_bytes: int  # bytes of weights a one-token forward reads (decoding is bound by this)
 
     def open(self, capacity: int) -> int:
         """Open a sequence able to hold `capacity` tokens; returns its id."""
 
     def forward(self, seq: int, tokens: list[int], num_logits: int = 1, return_hidden: bool = False) -> ForwardOutput:
         """Append `tokens` at the sequence's next positions; logits of the last `num_logits` of them."""
+
+    def forward_batch(self, items: list[BatchItem]) -> list[ForwardOutput]:
+        """Several sequences in one forward (a ragged batch); one output per item, in order."""
 
     def length(self, seq: int) -> int:
         """Number of tokens whose keys/values the sequence holds."""
@@ -57,6 +70,7 @@ class TorchRunner:
         self.eos_token_ids = tuple(dict.fromkeys([*config.eos_token_ids, *tokenizer.eos_token_ids]))
         self._caches: dict[int, KVCache] = {}
         self._ids = itertools.count()
+        self.weight_bytes = sum(w.numel() * w.element_size() for w in weights.values())
 
     def open(self, capacity: int) -> int:
         seq = next(self._ids)
@@ -66,6 +80,13 @@ class TorchRunner:
     def forward(self, seq: int, tokens: list[int], num_logits: int = 1, return_hidden: bool = False) -> ForwardOutput:
         ids = torch.tensor(tokens, dtype=torch.int64)
         return self.model.forward(ids, self._caches[seq], num_logits, return_hidden)
+
+    def forward_batch(self, items: list[BatchItem]) -> list[ForwardOutput]:
+        segments = [
+            Segment(torch.tensor(it.tokens, dtype=torch.int64), self._caches[it.seq], it.num_logits, it.return_hidden)
+            for it in items
+        ]
+        return self.model.forward_batch(segments)
 
     def length(self, seq: int) -> int:
         return self._caches[seq].length
@@ -79,3 +100,8 @@ class TorchRunner:
     @property
     def open_sequences(self) -> int:
         return len(self._caches)
+
+    @property
+    def cache_bytes(self) -> int:
+        """Memory held by the open sequences' KV caches."""
+        return sum(c.nbytes() for c in list(self._caches.values()))

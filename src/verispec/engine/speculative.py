@@ -1,4 +1,4 @@
-"""The decoding loop: one request, one speculative step at a time.
+"""The decoding loop: one speculative step at a time, for one request or a running batch.
 
 Invariant: the target's cache holds every token of the request except the last one (`pending`,
 the newest output token, not yet seen by the target). A step:
@@ -11,6 +11,8 @@ the newest output token, not yet seen by the target). A step:
   5. emit     append the kept tokens, stopping at exactly the token where a stop condition hits.
 
 Plain decoding is the same loop with no drafter (k = 0): a one-token forward and one token out.
+A running batch takes the same steps, each request with its own draft and one forward for all
+(`step_batch`); `engine/policy.py` decides each request's k.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import torch
 
 from verispec.config import SamplingParams
 from verispec.engine.metrics import RequestMetrics
-from verispec.engine.runner import ModelRunner
+from verispec.engine.policy import AcceptanceEstimate, SpeculationPolicy
+from verispec.engine.runner import BatchItem, ModelRunner
 from verispec.engine.stops import StopChecker
 from verispec.errors import ContextLengthError, InvalidPromptError
 from verispec.proposers.base import Draft, Proposer, SequenceView
@@ -42,6 +45,7 @@ class Request:
     finish_reason: str | None = None
     text_end: int | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    estimate: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)  # for the policy
     started: float = 0.0
 
     @property
@@ -50,17 +54,25 @@ class Request:
 
 
 class SpeculativeDecoder:
-    def __init__(self, target: ModelRunner, proposer: Proposer | None = None, num_speculative_tokens: int = 0) -> None:
+    def __init__(
+        self,
+        target: ModelRunner,
+        proposer: Proposer | None = None,
+        num_speculative_tokens: int = 0,
+        policy: SpeculationPolicy | None = None,
+    ) -> None:
+        """`policy` chooses k per request and step; by default always `num_speculative_tokens`."""
         self.target = target
         self.proposer = proposer
-        self.k = num_speculative_tokens if proposer is not None else 0
+        k = num_speculative_tokens if proposer is not None else 0
+        self.policy = policy if policy is not None else SpeculationPolicy(k, adaptive=False)
         self._next_id = 0
 
     # -- request lifecycle --------------------------------------------------------------------
     def start(self, prompt_ids: list[int], params: SamplingParams) -> Request:
         """Check the request, prefill the prompt and emit the first token."""
         started = time.perf_counter()
-        self._check_prompt(prompt_ids, params)
+        self.check_prompt(prompt_ids, params)
         capacity = len(prompt_ids) + params.max_tokens
         generator = None
         if not params.greedy:
@@ -111,27 +123,47 @@ class SpeculativeDecoder:
     # -- one step -----------------------------------------------------------------------------
     def step(self, req: Request) -> list[int]:
         """One propose-verify-accept-commit-emit step; returns the tokens emitted."""
-        pending = req.output_ids[-1]
-        base = self.target.length(req.target_seq)  # tokens the target holds; pending goes here
-        # 1. propose (never more than can still be emitted, so the cache never overflows)
-        k = min(self.k, req.params.max_tokens - len(req.output_ids) - 1)
-        draft = self.proposer.propose(req.view, k) if k > 0 else Draft(tokens=[])
-        draft = Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k])
+        return self.step_batch([req])[0]
+
+    def step_batch(self, reqs: list[Request]) -> list[list[int]]:
+        """One step for every request of a running batch, verified by one target forward.
+
+        Each request drafts its own number of tokens (the policy's choice, zero included), so the
+        forward is a ragged batch of [pending] + draft per request. Returns each one's emitted tokens.
+        """
+        # 1. propose
+        drafts = [self._propose(req, len(reqs)) for req in reqs]
         # 2. verify
-        logits = self.target.forward(req.target_seq, [pending, *draft.tokens], num_logits=len(draft) + 1).logits
-        req.metrics.num_target_forwards += 1
-        # 3. accept
-        result = self._accept(req, logits, draft)  # logits [n + 1, vocab]
-        num_accepted = int(result.num_accepted[0])
-        block = result.output_tokens[0, : num_accepted + 1].tolist()
-        # 4. commit
-        self.target.truncate(req.target_seq, base + 1 + num_accepted)
-        if self.proposer is not None and len(draft):
-            self.proposer.accept(req.view, num_accepted)
-        # 5. emit
-        emitted = self._emit(req, block)
-        req.metrics.observe_draft(len(draft), min(num_accepted, len(emitted)))
-        return emitted
+        bases = [self.target.length(req.target_seq) for req in reqs]  # pending goes at base
+        items = [BatchItem(req.target_seq, [req.output_ids[-1], *d.tokens], num_logits=len(d) + 1) for req, d in zip(reqs, drafts)]
+        outputs = self.target.forward_batch(items)
+        emitted_all = []
+        for req, draft, base, out in zip(reqs, drafts, bases, outputs):
+            req.metrics.num_target_forwards += 1
+            # 3. accept
+            result = self._accept(req, out.logits, draft)  # logits [n + 1, vocab]
+            num_accepted = int(result.num_accepted[0])
+            block = result.output_tokens[0, : num_accepted + 1].tolist()
+            # 4. commit
+            self.target.truncate(req.target_seq, base + 1 + num_accepted)
+            if len(draft):
+                self.proposer.accept(req.view, num_accepted)
+                req.estimate.observe(len(draft), num_accepted)
+            # 5. emit
+            emitted = self._emit(req, block)
+            req.metrics.observe_draft(len(draft), min(num_accepted, len(emitted)))
+            emitted_all.append(emitted)
+        return emitted_all
+
+    def _propose(self, req: Request, batch_size: int) -> Draft:
+        if self.proposer is None:
+            return Draft(tokens=[])
+        # never more than can still be emitted, so the cache never overflows
+        k = min(self.policy.choose(req.estimate, batch_size), req.params.max_tokens - len(req.output_ids) - 1)
+        if k <= 0:
+            return Draft(tokens=[])
+        draft = self.proposer.propose(req.view, k)
+        return Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k])
 
     def _accept(self, req: Request, logits: torch.Tensor, draft: Draft) -> VerifyOutput:
         draft_tokens = torch.tensor([draft.tokens], dtype=torch.int64)  # [1, n]
@@ -153,7 +185,7 @@ class SpeculativeDecoder:
         return kept
 
     # -- checks -------------------------------------------------------------------------------
-    def _check_prompt(self, prompt_ids: list[int], params: SamplingParams) -> None:
+    def check_prompt(self, prompt_ids: list[int], params: SamplingParams) -> None:
         if not prompt_ids:
             raise InvalidPromptError("the prompt is empty (it encodes to no tokens)")
         vocab = self.target.vocab_size

@@ -2,7 +2,9 @@
 
 Keys and values are written at explicit positions; `length` says how many positions are
 valid. Rolling back after a rejected draft is O(1): `truncate` only moves `length` back, the
-stale entries are overwritten by the next write. Sliding-window layers (Gemma 3) keep every
+stale entries are overwritten by the next write. `capacity` is the most the sequence may hold;
+the buffers start small and double on demand up to it, so a server can admit requests whose
+max_tokens is large without reserving that memory up front. Sliding-window layers (Gemma 3) keep every
 position too; the attention mask, not the cache, limits what they see, so truncation never
 has to restore entries that slid out of a window.
 
@@ -27,17 +29,33 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ) -> None:
-        shape = (num_layers, num_kv_heads, capacity, head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # [layers, kv_heads, capacity, head_dim]
+        allocated = min(capacity, self.INITIAL)
+        shape = (num_layers, num_kv_heads, allocated, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)  # [layers, kv_heads, allocated, head_dim]
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.capacity = capacity
         self.length = 0
 
+    INITIAL = 512  # positions allocated at first; doubled on demand up to capacity
+
+    def reserve(self, end: int) -> None:
+        """Make room for positions < end (doubling the buffers, never beyond capacity)."""
+        if end > self.capacity:
+            raise IndexError(f"KV cache overflow: writing up to {end} into capacity {self.capacity}")
+        allocated = self.keys.shape[2]
+        if end <= allocated:
+            return
+        size = min(self.capacity, max(end, 2 * allocated))
+        grown_k = self.keys.new_zeros(*self.keys.shape[:2], size, self.keys.shape[3])
+        grown_v = self.values.new_zeros(*self.values.shape[:2], size, self.values.shape[3])
+        grown_k[:, :, : self.length] = self.keys[:, :, : self.length]
+        grown_v[:, :, : self.length] = self.values[:, :, : self.length]
+        self.keys, self.values = grown_k, grown_v
+
     def write(self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Store keys/values [kv_heads, T, head_dim] at positions start..start+T-1."""
         end = start + keys.shape[1]
-        if end > self.capacity:
-            raise IndexError(f"KV cache overflow: writing up to {end} into capacity {self.capacity}")
+        self.reserve(end)
         self.keys[layer, :, start:end] = keys
         self.values[layer, :, start:end] = values
 

@@ -117,8 +117,26 @@ class ForwardOutput:
     hidden: torch.Tensor | None  # [T, hidden]: final-norm hidden states of every new token
 
 
+@dataclass
+class Segment:
+    """One sequence's share of a batched forward: its new tokens, its cache, what it wants back."""
+
+    tokens: torch.Tensor  # [T] int64, written at positions cache.length ..
+    cache: KVCache
+    num_logits: int = 1  # logits of the last num_logits new tokens
+    return_hidden: bool = False
+
+
+@dataclass
+class _Span:
+    row: int  # first row of this segment in the batch's [sum T, hidden] activations
+    start: int  # first new position in its sequence
+    end: int  # one past the last
+    masks: dict  # per layer kind: (first key position, mask [T, S] or None)
+
+
 class Transformer:
-    """A decoder over one sequence: tokens in, logits out, keys/values written to a KVCache."""
+    """A decoder: tokens in, logits out, keys/values written to each sequence's KVCache."""
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor]) -> None:
         self.config = config
@@ -169,7 +187,6 @@ class Transformer:
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.config.rms_eps)
 
-    @torch.inference_mode()
     def forward(
         self,
         tokens: torch.Tensor,  # [T] int64
@@ -181,26 +198,54 @@ class Transformer:
 
         Returns logits of the last `num_logits` new tokens ([num_logits, vocab], float32).
         """
+        return self.forward_batch([Segment(tokens, cache, num_logits, return_hidden)])[0]
+
+    @torch.inference_mode()
+    def forward_batch(self, segments: list[Segment]) -> list[ForwardOutput]:
+        """A ragged batch: several sequences' new tokens (any number each) in one forward.
+
+        Every projection runs once over all rows ([sum T, hidden]: the weights are read once for
+        the whole batch); attention runs per sequence over its own cache and positions. Example:
+        two requests verifying drafts of 3 and 1 tokens send 4 + 2 rows through each matrix.
+        """
         c = self.config
-        T = tokens.shape[0]
-        start = cache.length
-        end = start + T
-        if end > cache.capacity:
-            raise IndexError(f"sequence of {end} tokens exceeds its cache capacity {cache.capacity}")
-        x = F.embedding(tokens, self.embed)  # [T, hidden]
+        if len({id(s.cache) for s in segments}) != len(segments):
+            raise ValueError("a sequence appears twice in one batch")
+        spans: list[_Span] = []
+        row = 0
+        for s in segments:
+            T, start = s.tokens.shape[0], s.cache.length
+            if start + T > s.cache.capacity:
+                raise IndexError(f"sequence of {start + T} tokens exceeds its cache capacity {s.cache.capacity}")
+            spans.append(_Span(row, start, start + T, self._masks(start, start + T, T)))
+            row += T
+        tokens = segments[0].tokens if len(segments) == 1 else torch.cat([s.tokens for s in segments])
+        x = F.embedding(tokens, self.embed)  # [N, hidden], N = sum of T
         if c.embed_scale != 1.0:
             x = x * self.embed_scale
-        ropes = {False: self.rope.get(start, end, self.dtype)}
+        ropes = {False: self._rope(self.rope, spans)}
         if self.rope_local is not self.rope:
-            ropes[True] = self.rope_local.get(start, end, self.dtype)
-        masks = self._masks(start, end, T)
+            ropes[True] = self._rope(self.rope_local, spans)
         for i, layer in enumerate(self.layers):
-            cos, sin = ropes.get(layer.sliding, ropes[False])
-            x = self._layer(i, layer, x, cache, start, end, cos, sin, masks[layer.sliding])
-        cache.length = end
-        h = self._norm(x, self.norm)  # [T, hidden]
-        logits = _project(h[T - num_logits :], self.lm_head).float() if num_logits else h.new_empty(0, c.vocab_size)
-        return ForwardOutput(logits=logits, hidden=h if return_hidden else None)
+            cos, sin = ropes.get(layer.sliding, ropes[False])  # [N, head_dim] each
+            x = self._layer(i, layer, x, segments, spans, cos, sin)
+        for s, span in zip(segments, spans):
+            s.cache.length = span.end
+        h = self._norm(x, self.norm)  # [N, hidden]
+        rows = [torch.arange(sp.end - sp.start - s.num_logits, sp.end - sp.start) + sp.row for s, sp in zip(segments, spans)]
+        wanted = torch.cat(rows)  # [sum num_logits]
+        logits = _project(h[wanted], self.lm_head).float() if wanted.numel() else h.new_empty(0, c.vocab_size).float()
+        outs = []
+        for s, sp, part in zip(segments, spans, logits.split([s.num_logits for s in segments])):
+            hidden = h[sp.row : sp.row + sp.end - sp.start] if s.return_hidden else None
+            outs.append(ForwardOutput(logits=part, hidden=hidden))
+        return outs
+
+    def _rope(self, table: RopeTable, spans: list[_Span]) -> tuple[torch.Tensor, torch.Tensor]:
+        parts = [table.get(sp.start, sp.end, self.dtype) for sp in spans]
+        if len(parts) == 1:
+            return parts[0]
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
     def _masks(self, start: int, end: int, T: int) -> dict[bool, tuple[int, torch.Tensor | None]]:
         """Per layer kind: (first key position to read, boolean mask [T, end - first] or None)."""
@@ -251,21 +296,25 @@ class Transformer:
         out = torch.matmul(probs, values)  # [kv_heads, g*T, D]
         return out.view(H, T, D).transpose(0, 1).reshape(T, H * D)
 
-    def _layer(self, i, layer: Layer, x, cache: KVCache, start, end, cos, sin, mask) -> torch.Tensor:
+    def _layer(self, i, layer: Layer, x, segments: list[Segment], spans: list[_Span], cos, sin) -> torch.Tensor:
         c = self.config
-        T = x.shape[0]
-        # attention
+        N = x.shape[0]
+        # attention: projections over all rows, attention per sequence
         h = self._norm(x, layer.attn_norm)
-        qkv = _project(h, layer.qkv, layer.qkv_bias).view(T, -1, c.head_dim)  # [T, heads + 2 kv, D]
+        qkv = _project(h, layer.qkv, layer.qkv_bias).view(N, -1, c.head_dim)  # [N, heads + 2 kv, D]
         qk, v = qkv[:, : self._qk_heads], qkv[:, self._qk_heads :]
         if layer.qk_norm is not None:
             qk = F.rms_norm(qk, (c.head_dim,), None, c.rms_eps) * layer.qk_norm
         qk = qk * cos[:, None, :] + _rotate_half(qk) * sin[:, None, :]
         q, k = qk[:, : self._q_heads], qk[:, self._q_heads :]
-        cache.write(i, start, k.transpose(0, 1), v.transpose(0, 1))
-        first, attn_mask = mask
-        keys, values = cache.view(i, first, end)  # [kv_heads, S, D]
-        attn = self._attention(q, keys, values, attn_mask)  # [T, heads * D]
+        outs = []
+        for s, sp in zip(segments, spans):
+            rows = slice(sp.row, sp.row + sp.end - sp.start)
+            s.cache.write(i, sp.start, k[rows].transpose(0, 1), v[rows].transpose(0, 1))
+            first, attn_mask = sp.masks[layer.sliding]
+            keys, values = s.cache.view(i, first, sp.end)  # [kv_heads, S, D]
+            outs.append(self._attention(q[rows], keys, values, attn_mask))  # [T, heads * D]
+        attn = outs[0] if len(outs) == 1 else torch.cat(outs)
         attn = _project(attn, layer.o)
         if layer.post_attn_norm is not None:
             attn = self._norm(attn, layer.post_attn_norm)

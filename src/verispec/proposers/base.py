@@ -52,6 +52,7 @@ class SequenceView:
 
 class Proposer(Protocol):
     name: ClassVar[str]
+    relative_cost: float  # cost of drafting one token, in one-token target forwards (for the k policy)
 
     def begin(self, seq: SequenceView) -> None:
         """A new request; `seq.tokens` is its prompt."""

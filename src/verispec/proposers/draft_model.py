@@ -21,6 +21,8 @@ from verispec.sampling.processors import logits_to_probs, sample_from_probs
 
 @register("draft_model")
 class DraftModelProposer:
+    relative_cost = 1.0  # until create() knows the two models' sizes
+
     def __init__(self, runner) -> None:
         self.runner = runner
         self._seqs: dict[int, int] = {}  # request id -> drafter sequence id
@@ -32,7 +34,10 @@ class DraftModelProposer:
 
         runner = build_runner(config.draft_model, dtype=target.dtype)
         check_same_vocabulary(target, runner)
-        return cls(runner)
+        proposer = cls(runner)
+        # decoding is bound by reading the weights: a draft token costs about their ratio
+        proposer.relative_cost = runner.weight_bytes / max(1, target.weight_bytes)
+        return proposer
 
     def begin(self, seq: SequenceView) -> None:
         if seq.capacity > self.runner.max_context:

@@ -16,6 +16,8 @@ from verispec.proposers.base import Draft, SequenceView, register
 
 @register("prompt_lookup")
 class PromptLookupProposer:
+    relative_cost = 0.0  # a numpy search: free next to a forward
+
     def __init__(self, min_n: int, max_n: int) -> None:
         self.min_n = min_n
         self.max_n = max_n

@@ -1,0 +1,224 @@
+"""Continuous batching: requests join and leave the running batch at every step.
+
+The scheduler owns a bounded waiting queue and the running batch. One `step()`:
+
+  1. retire   aborted requests leave (their caches are freed at once);
+  2. admit    waiting requests join while the batch has room: prefill, first token out;
+  3. decode   one `step_batch` over every running request: each drafts its own k (zero
+              included), one target forward verifies all the drafts;
+  4. finish   requests that hit a stop or their length leave and free their caches.
+
+Every new block of tokens goes to the request's `on_event` callback as an `Event`, on the engine
+thread (a server hands it to its event loop). `submit` and `abort` may be called from any thread;
+`step` runs on one thread only (`EngineLoop`), the only one that touches models and caches.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from verispec.config import SamplingParams
+from verispec.engine.metrics import RequestMetrics
+from verispec.engine.speculative import Request, SpeculativeDecoder
+from verispec.errors import QueueFullError, VerispecError
+
+log = logging.getLogger("verispec")
+
+
+@dataclass
+class Event:
+    handle: "Handle"
+    new_token_ids: list[int]  # the block committed at this step (may be empty on finish)
+    finished: bool = False
+    error: Exception | None = None  # set when the engine failed this request
+
+
+@dataclass(eq=False)
+class Handle:
+    """A submitted request as its submitter sees it."""
+
+    id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    on_event: Callable[[Event], None]
+    submitted: float = field(default_factory=time.perf_counter)
+    req: Request | None = None  # set when admitted
+    aborted: bool = False
+    done: bool = False
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.req.output_ids if self.req is not None else []
+
+    @property
+    def finish_reason(self) -> str | None:
+        if self.aborted:
+            return "abort"
+        return self.req.finish_reason if self.req is not None else None
+
+    @property
+    def metrics(self) -> RequestMetrics:
+        return self.req.metrics if self.req is not None else RequestMetrics(num_prompt_tokens=len(self.prompt_ids))
+
+    def text(self) -> str:
+        """The output text, stop strings and stop tokens cut as the offline API cuts them."""
+        if self.req is None:
+            return ""
+        return self.req.stops.final_text(self.req.output_ids, self.req.text_end)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        decoder: SpeculativeDecoder,
+        max_num_seqs: int = 16,
+        max_waiting: int = 64,
+        on_retire: Callable[[Handle], None] | None = None,
+    ) -> None:
+        self.decoder = decoder
+        self.max_num_seqs = max_num_seqs
+        self.max_waiting = max_waiting
+        self.on_retire = on_retire  # called once per request that leaves (finished, aborted, failed)
+        self.waiting: deque[Handle] = deque()
+        self.running: list[Handle] = []
+        self._lock = threading.Lock()
+        self._wakeup = threading.Condition(self._lock)
+        self._ids = itertools.count(1)
+
+    # -- any thread ---------------------------------------------------------------------------
+    def submit(self, prompt_ids: list[int], params: SamplingParams, on_event: Callable[[Event], None]) -> Handle:
+        """Queue a request. Raises the decoder's typed errors for a bad prompt, QueueFullError when full."""
+        self.decoder.check_prompt(prompt_ids, params)
+        with self._lock:
+            if len(self.waiting) >= self.max_waiting:
+                raise QueueFullError(f"the waiting queue is full ({self.max_waiting} requests); retry later")
+            handle = Handle(next(self._ids), list(prompt_ids), params, on_event)
+            self.waiting.append(handle)
+            self._wakeup.notify()
+        return handle
+
+    def abort(self, handle: Handle) -> None:
+        """Cancel a request: a waiting one leaves now, a running one at the start of the next step."""
+        with self._lock:
+            if handle.done:
+                return
+            handle.aborted = True
+            if handle in self.waiting:
+                self.waiting.remove(handle)
+                handle.done = True
+            else:
+                self._wakeup.notify()
+                return
+        if self.on_retire is not None:
+            self.on_retire(handle)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def wait_for_work(self, timeout: float) -> bool:
+        with self._lock:
+            if not self.waiting and not self.running:
+                self._wakeup.wait(timeout)
+            return bool(self.waiting or self.running)
+
+    # -- the engine thread --------------------------------------------------------------------
+    def step(self) -> None:
+        # 1. retire aborted requests
+        for handle in [h for h in self.running if h.aborted]:
+            self._retire(handle)
+        # 2. admit
+        while len(self.running) < self.max_num_seqs:
+            with self._lock:
+                if not self.waiting:
+                    break
+                handle = self.waiting.popleft()
+            self._admit(handle)
+        if not self.running:
+            return
+        # 3. decode: one forward for the whole batch
+        active = [h for h in self.running if not h.req.finished]
+        try:
+            blocks = self.decoder.step_batch([h.req for h in active])
+        except Exception as e:  # a failed forward must not leave clients waiting forever
+            log.exception("engine step failed; failing %d running requests", len(active))
+            for handle in active:
+                self._fail(handle, e)
+            return
+        # 4. emit, and finish what ended
+        for handle, block in zip(active, blocks):
+            finished = handle.req.finished
+            self._send(handle, Event(handle, block, finished=finished))
+            if finished:
+                self._retire(handle)
+
+    def _admit(self, handle: Handle) -> None:
+        try:
+            handle.req = self.decoder.start(handle.prompt_ids, handle.params)
+        except Exception as e:  # start frees what it took before raising
+            if not isinstance(e, VerispecError):
+                log.exception("prefill failed for request %d", handle.id)
+            handle.done = True
+            self._send(handle, Event(handle, [], finished=True, error=e))
+            if self.on_retire is not None:
+                self.on_retire(handle)
+            return
+        handle.req.metrics.queue_time = handle.req.started - handle.submitted
+        self.running.append(handle)
+        finished = handle.req.finished
+        self._send(handle, Event(handle, list(handle.req.output_ids), finished=finished))
+        if finished:
+            self._retire(handle)
+
+    def _fail(self, handle: Handle, error: Exception) -> None:
+        self._send(handle, Event(handle, [], finished=True, error=error))
+        self._retire(handle)
+
+    def _retire(self, handle: Handle) -> None:
+        self.running.remove(handle)
+        self.decoder.finish(handle.req)
+        handle.done = True
+        if self.on_retire is not None:
+            self.on_retire(handle)
+
+    @staticmethod
+    def _send(handle: Handle, event: Event) -> None:
+        if handle.aborted:
+            return
+        try:
+            handle.on_event(event)
+        except Exception:
+            log.exception("event callback of request %d failed", handle.id)
+
+
+class EngineLoop:
+    """Runs `scheduler.step()` on a daemon thread while there is work."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="verispec-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        with self.scheduler._lock:
+            self.scheduler._wakeup.notify_all()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self.scheduler.wait_for_work(timeout=0.5):
+                self.scheduler.step()

@@ -1,0 +1,149 @@
+"""Ragged batched forwards and continuous batching give each request what it gets alone."""
+
+import threading
+
+import pytest
+import torch
+
+from verispec import LLM, SamplingParams
+from verispec.engine.policy import AcceptanceEstimate, SpeculationPolicy, expected_tokens
+from verispec.engine.runner import BatchItem
+from verispec.engine.scheduler import Scheduler
+from verispec.errors import QueueFullError
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_forward_batch_matches_one_at_a_time(tiny_dir, family):
+    runner = LLM(str(tiny_dir(family, seed=0))).runner
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 96, (n,), generator=g).tolist() for n in (5, 60, 1, 17)]
+    news = [torch.randint(3, 96, (n,), generator=g).tolist() for n in (3, 1, 5, 2)]
+    # alone: prompt, then the new tokens
+    alone = []
+    for p, new in zip(prompts, news):
+        seq = runner.open(128)
+        runner.forward(seq, p)
+        alone.append(runner.forward(seq, new, num_logits=len(new)).logits)
+        runner.close(seq)
+    # together: all prompts in one batch (prefill rows of 60 and 1 together), then all new tokens
+    seqs = [runner.open(128) for _ in prompts]
+    runner.forward_batch([BatchItem(s, p) for s, p in zip(seqs, prompts)])
+    together = runner.forward_batch([BatchItem(s, new, num_logits=len(new)) for s, new in zip(seqs, news)])
+    for a, t, new in zip(alone, together, news):
+        assert t.logits.shape == (len(new), runner.vocab_size)
+        torch.testing.assert_close(t.logits, a, atol=1e-4, rtol=1e-4)
+    assert [runner.length(s) for s in seqs] == [len(p) + len(n) for p, n in zip(prompts, news)]
+    with pytest.raises(ValueError, match="twice"):
+        runner.forward_batch([BatchItem(seqs[0], [5]), BatchItem(seqs[0], [6])])
+
+
+def _requests(n=12, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        body = torch.randint(3, 96, (int(torch.randint(3, 10, (1,), generator=g)),), generator=g).tolist()
+        out.append([1] + body * (3 if i % 2 else 1))
+    return out
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        None,
+        {"method": "prompt_lookup", "num_speculative_tokens": 4, "adaptive_k": False},
+        {"method": "draft_model", "num_speculative_tokens": 3, "adaptive_k": True},
+    ],
+    ids=["plain", "prompt_lookup", "draft_model_adaptive"],
+)
+def test_scheduler_batch_equals_one_at_a_time(tiny_dir, spec):
+    """Requests of different lengths join and leave one running batch (at most 5 at a time);
+    greedy outputs equal the offline API's, one request at a time; sampled outputs with a seed too."""
+    target = str(tiny_dir("llama", seed=0))
+    if spec and spec["method"] == "draft_model":
+        spec = {**spec, "draft_model": str(tiny_dir("llama", seed=7))}
+    llm = LLM(target, speculative=spec)
+    prompts = _requests()
+    params = [
+        SamplingParams(temperature=0.0 if i % 3 else 0.8, seed=i, max_tokens=8 + 3 * i, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
+    ref = [llm.generate(p, sp)[0].token_ids for p, sp in zip(prompts, params)]
+
+    sched = Scheduler(llm.decoder, max_num_seqs=5)
+    events: dict[int, list] = {}
+    handles = [sched.submit(p, sp, lambda ev: events.setdefault(ev.handle.id, []).append(ev)) for p, sp in zip(prompts, params)]
+    steps = 0
+    while sched.num_running or sched.num_waiting:
+        sched.step()
+        steps += 1
+        assert sched.num_running <= 5
+    for h, r in zip(handles, ref):
+        got = [t for ev in events[h.id] for t in ev.new_token_ids]
+        assert got == r == h.output_ids
+        assert [ev.finished for ev in events[h.id]].count(True) == 1 and events[h.id][-1].finished
+    assert llm.runner.open_sequences == 0
+    assert steps < sum(len(r) for r in ref)  # requests shared steps
+
+
+def test_abort_frees_the_cache(tiny_dir):
+    llm = LLM(str(tiny_dir("llama", seed=0)))
+    sched = Scheduler(llm.decoder, max_num_seqs=2, max_waiting=2)
+    params = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+    got = []
+    a = sched.submit([1, 5, 6], params, got.append)
+    b = sched.submit([1, 7, 8], params, got.append)
+    sched.step()
+    sched.step()
+    assert sched.num_running == 2 and llm.runner.open_sequences == 2
+    c = sched.submit([1, 9], params, got.append)  # waits
+    d = sched.submit([1, 10], params, got.append)
+    with pytest.raises(QueueFullError):
+        sched.submit([1, 11], params, got.append)
+    sched.abort(c)  # a waiting request leaves at once
+    sched.abort(d)
+    assert sched.num_waiting == 0
+    sched.abort(a)
+    n_before = len([e for e in got if e.handle is a])
+    sched.step()
+    assert sched.num_running == 1 and llm.runner.open_sequences == 1
+    assert len([e for e in got if e.handle is a]) == n_before  # nothing sent after the abort
+    sched.abort(b)
+    sched.step()
+    assert sched.num_running == 0 and llm.runner.open_sequences == 0 and llm.runner.cache_bytes == 0
+
+
+def test_submit_from_threads(tiny_dir):
+    """submit is thread-safe: 16 threads, every request served once."""
+    llm = LLM(str(tiny_dir("llama", seed=0)))
+    sched = Scheduler(llm.decoder, max_num_seqs=4)
+    done = []
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    threads = [threading.Thread(target=sched.submit, args=([1, i + 3], params, lambda ev: ev.finished and done.append(ev.handle.id))) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    while sched.num_running or sched.num_waiting:
+        sched.step()
+    assert sorted(done) == list(range(1, 17))
+
+
+def test_policy_backs_off_and_probes():
+    policy = SpeculationPolicy(max_k=8)
+    assert policy.best_k(0.05) == 0
+    assert policy.best_k(0.9) >= 4
+    assert [policy.best_k(a) for a in (0.3, 0.5, 0.7, 0.9)] == sorted(policy.best_k(a) for a in (0.3, 0.5, 0.7, 0.9))
+    est = AcceptanceEstimate()
+    for _ in range(30):
+        est.observe(4, 0)
+    ks = [policy.choose(est, batch_size=1) for _ in range(16)]
+    assert ks.count(0) == 14 and ks.count(policy.probe_k) == 2  # a probe every 8 steps
+    for _ in range(30):
+        est.observe(4, 4)
+    assert policy.choose(est, batch_size=1) >= 4
+    assert SpeculationPolicy(max_k=4, disable_by_batch_size=2).choose(est, batch_size=3) == 0
+    assert SpeculationPolicy(max_k=4, adaptive=False).choose(AcceptanceEstimate(0.0, 100.0), 1) == 4
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75) and expected_tokens(1.0, 3) == 4
+    # drafting that costs as much as a target forward per token needs high acceptance to pay
+    policy.draft_cost = 1.0
+    assert policy.best_k(0.5) == 0

@@ -1,4 +1,4 @@
-"""The `verispec` command: generate, demo, bench.
+"""The `verispec` command: generate, demo, bench, serve.
 
 Flags come from the configuration dataclasses (verispec.config), so the library, the CLI and
 (later) the server share one source of truth.
@@ -13,7 +13,7 @@ import sys
 import typing
 from typing import Any
 
-from verispec.config import EngineConfig, SamplingParams, SpeculativeConfig
+from verispec.config import EngineConfig, SamplingParams, ServerConfig, SpeculativeConfig
 from verispec.errors import VerispecError
 
 _FLAG_NAMES = {"method": "method", "num_speculative_tokens": "k"}
@@ -74,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-tokens", type=int, default=96, help="new tokens per prompt (default: 96)")
     _engine_parser(demo)
 
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, streaming, /metrics)")
+    _engine_parser(serve)
+    add_dataclass_flags(serve, ServerConfig)
+
     from verispec.bench.cli import add_bench_parser
 
     add_bench_parser(sub)
@@ -85,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return _generate(args)
+        if args.command == "serve":
+            return _serve(args)
         if args.command == "bench":
             from verispec.bench.cli import run
 
@@ -97,14 +103,30 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import logging
+
+    import uvicorn
+
+    from verispec.server import create_app
+
+    engine = _from_args(EngineConfig, args, speculative=_from_args(SpeculativeConfig, args))
+    server = _from_args(ServerConfig, args)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    print(f"verispec: serving {engine.model} on http://{server.host}:{server.port}/v1 (loading...)", file=sys.stderr)
+    uvicorn.run(create_app(engine, server), host=server.host, port=server.port, log_level="warning")
+    return 0
+
+
 def _generate(args: argparse.Namespace) -> int:
     from verispec import LLM
 
     spec = _from_args(SpeculativeConfig, args)
     engine = _from_args(EngineConfig, args, speculative=spec)
     params = _from_args(SamplingParams, args)
-    options = {f.name: getattr(engine, f.name) for f in dataclasses.fields(EngineConfig) if f.name not in ("model", "speculative")}
-    llm = LLM(engine.model, speculative=spec, **options)
+    from verispec.engine.llm import engine_options
+
+    llm = LLM(engine.model, speculative=spec, **engine_options(engine))
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
             {"role": "user", "content": args.prompt}

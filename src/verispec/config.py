@@ -134,3 +134,22 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """`verispec serve` and `create_app`: what the HTTP server adds to the engine's options."""
+
+    host: str = opt("127.0.0.1", "address to listen on")
+    port: int = opt(8000, "port to listen on")
+    api_key: str | None = opt(None, "require 'Authorization: Bearer <key>' on /v1 endpoints")
+    served_model_name: str | None = opt(None, "model name clients send (default: --model)")
+    max_num_seqs: int = opt(16, "most requests decoded together in the running batch")
+    max_waiting: int = opt(64, "most requests waiting for a place in the batch; more get HTTP 503")
+    max_prompts_per_request: int = opt(16, "most prompts one /v1/completions request may carry")
+
+    def __post_init__(self) -> None:
+        for name in ("port", "max_num_seqs", "max_waiting", "max_prompts_per_request"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "port" else 1):
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")

@@ -48,6 +48,11 @@ def build_policy(spec: SpeculativeConfig, draft_cost: float = 0.0) -> Speculatio
     return SpeculationPolicy(k, adaptive=spec.adaptive_k, disable_by_batch_size=spec.disable_by_batch_size, cost=cost, draft_cost=draft_cost)
 
 
+def engine_options(config: EngineConfig) -> dict[str, Any]:
+    """The EngineConfig fields LLM(...) takes as keyword options."""
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(EngineConfig) if f.name not in ("model", "speculative")}
+
+
 @dataclass
 class CompletionOutput:
     text: str

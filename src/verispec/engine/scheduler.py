@@ -106,8 +106,8 @@ class Scheduler:
     def abort(self, handle: Handle) -> None:
         """Cancel a request: a waiting one leaves now, a running one at the start of the next step."""
         with self._lock:
-            if handle.done:
-                return
+            if handle.done or (handle.req is not None and handle.req.finished):
+                return  # finished already (its last event may still be on its way)
             handle.aborted = True
             if handle in self.waiting:
                 self.waiting.remove(handle)

@@ -1,0 +1,103 @@
+"""Server limits that need its internals: API key, loading, a full queue; and a bundled model."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx2 as httpx
+import openai
+import pytest
+
+from server_utils import metric, server_process, server_thread, wait_healthy
+from verispec import LLM, SamplingParams
+from verispec.config import EngineConfig, ServerConfig
+from verispec.server import create_app
+from verispec.server.engine import AsyncEngine
+
+
+def test_api_key(tiny_dir):
+    app = create_app(EngineConfig(model=str(tiny_dir("llama"))), ServerConfig(api_key="s3cret", served_model_name="tiny"))
+    with server_thread(app) as base:
+        wait_healthy(base)
+        body = {"model": "tiny", "prompt": "w5", "max_tokens": 2}
+        r = httpx.post(base + "/v1/completions", json=body)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        r = httpx.post(base + "/v1/completions", json=body, headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401
+        assert httpx.get(base + "/v1/models").status_code == 401
+        ok = openai.OpenAI(base_url=base + "/v1", api_key="s3cret", max_retries=0)
+        assert ok.completions.create(**body).usage.completion_tokens == 2
+        assert httpx.get(base + "/health").status_code == 200  # probes need no key
+        assert httpx.get(base + "/metrics").status_code == 200
+
+
+def test_health_503_while_loading_and_after_a_failed_load(tiny_dir, monkeypatch, tmp_path):
+    gate = threading.Event()
+    real_load = AsyncEngine._load
+
+    def slow_load(self):
+        gate.wait(30)
+        real_load(self)
+
+    monkeypatch.setattr(AsyncEngine, "_load", slow_load)
+    app = create_app(EngineConfig(model=str(tiny_dir("llama"))), ServerConfig(served_model_name="tiny"))
+    with server_thread(app) as base:
+        r = httpx.get(base + "/health")
+        assert r.status_code == 503 and r.json()["error"]["code"] == "model_loading"
+        r = httpx.post(base + "/v1/completions", json={"model": "tiny", "prompt": "w5"})
+        assert r.status_code == 503
+        gate.set()
+        wait_healthy(base, timeout=30)
+    monkeypatch.setattr(AsyncEngine, "_load", real_load)
+    broken = create_app(EngineConfig(model=str(tmp_path / "missing")), ServerConfig())
+    with server_thread(broken) as base:
+        for _ in range(100):
+            r = httpx.get(base + "/health")
+            if "failed" in r.json()["error"]["message"]:
+                break
+        assert r.status_code == 503 and "failed to load" in r.json()["error"]["message"]
+
+
+def test_full_queue_answers_503(tiny_dir):
+    app = create_app(EngineConfig(model=str(tiny_dir("llama"))), ServerConfig(served_model_name="tiny", max_num_seqs=1, max_waiting=1))
+    with server_thread(app) as base:
+        wait_healthy(base)
+        engine = app.state.engine
+        gate = threading.Event()
+        real_step = engine.scheduler.step
+        engine.scheduler.step = lambda: (gate.wait(30), real_step())  # hold the engine still
+        body = {"model": "tiny", "prompt": "w5 w6", "max_tokens": 4, "ignore_eos": True}
+        first = []
+        t = threading.Thread(target=lambda: first.append(httpx.post(base + "/v1/completions", json=body, timeout=60)))
+        t.start()
+        for _ in range(200):
+            if engine.scheduler.num_waiting == 1:
+                break
+            threading.Event().wait(0.01)
+        r = httpx.post(base + "/v1/completions", json=body, timeout=30)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "queue_full"
+        gate.set()
+        t.join(60)
+        assert first[0].status_code == 200 and first[0].json()["usage"]["completion_tokens"] == 4
+        assert metric(base, "vllm:num_requests_waiting") == 0
+
+
+def test_bundled_model_through_the_server():
+    """SmolLM2 behind `verispec serve`: the chat answer equals the offline API's, token for token."""
+    messages = [{"role": "user", "content": "Name three primary colors."}]
+    ref = LLM("smollm2-135m").chat(messages, SamplingParams(temperature=0, max_tokens=24))[0]
+    with server_process("--model", "smollm2-135m", "--method", "prompt_lookup") as base:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+        out = client.chat.completions.create(model="smollm2-135m", messages=messages, max_tokens=24, temperature=0)
+        assert out.choices[0].message.content == ref.text
+        assert out.usage.completion_tokens == len(ref.token_ids)
+        chunks = list(client.chat.completions.create(model="smollm2-135m", messages=messages, max_tokens=24, temperature=0, stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == ref.text
+
+
+@pytest.mark.parametrize("flag", ["--max-num-seqs=0", "--port=-1"])
+def test_bad_server_flags_exit_cleanly(flag, capsys):
+    from verispec.cli import main
+
+    assert main(["serve", "--model", "x", flag]) == 2
+    assert "must be a positive integer" in capsys.readouterr().err

@@ -101,3 +101,24 @@ def test_bad_server_flags_exit_cleanly(flag, capsys):
 
     assert main(["serve", "--model", "x", flag]) == 2
     assert "must be a positive integer" in capsys.readouterr().err
+
+
+def test_load_script_smoke(tiny_dir, capsys, tmp_path):
+    """`verispec load` on a tiny model: every level's requests served, no errors, a full table."""
+    import json
+
+    from verispec.cli import main
+
+    questions = tmp_path / "q.jsonl"
+    cats = ["translation", "qa", "rag", "summarization"]
+    questions.write_text("".join(json.dumps({"question_id": i, "category": c, "turns": [f"w{5 + i} w6 w7 w{5 + i} w6"]}) + "\n" for i, c in enumerate(cats)))
+    model = str(tiny_dir("llama"))
+    argv = ["load", "--model", model, "--requests", "4", "--concurrency", "1,3", "--max-tokens", "8", "--overhead", "--questions", str(questions)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| plain |") or line.startswith("| prompt_lookup |")]
+    assert len(rows) == 4
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[2] == "4" and cells[3] == "0" and float(cells[4]) > 0  # requests, errors, tokens/s
+    assert out.count("overhead") == 2

@@ -1,4 +1,4 @@
-"""The `verispec` command: generate, demo, bench, serve.
+"""The `verispec` command: generate, demo, bench, serve, load.
 
 Flags come from the configuration dataclasses (verispec.config), so the library, the CLI and
 (later) the server share one source of truth.
@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_dataclass_flags(serve, ServerConfig)
 
     from verispec.bench.cli import add_bench_parser
+    from verispec.server.loadtest import add_load_parser
+
+    add_load_parser(sub)
 
     add_bench_parser(sub)
     return parser
@@ -91,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
             return _generate(args)
         if args.command == "serve":
             return _serve(args)
+        if args.command == "load":
+            from verispec.server.loadtest import run as run_load
+
+            return run_load(args)
         if args.command == "bench":
             from verispec.bench.cli import run
 

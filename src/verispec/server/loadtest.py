@@ -1,0 +1,216 @@
+"""`verispec load`: a bounded load test of `verispec serve` on the loopback interface.
+
+For each method (plain decoding, then each speculative method) it starts a server on a free
+127.0.0.1 port, sends Spec-Bench questions (first turns, as chat) at each concurrency level as
+streaming requests, and reports throughput (generated tokens per second of wall time), time to
+first token and request latency percentiles. Bounded: at most `--requests` per level and
+`--time-limit` seconds per level (requests not started by then are not sent).
+
+`--overhead` also measures the server against the library at concurrency 1: the same prompts,
+alternately through `LLM.chat` in this process and through the (idle otherwise) server, so
+machine drift hits both alike; the ratio of their tokens per second is the server's overhead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from verispec.demo import find_spec_bench, load_questions, pick_spread
+
+
+def add_load_parser(sub) -> None:
+    p = sub.add_parser("load", help="load-test `verispec serve` on loopback: throughput, TTFT, latency percentiles")
+    p.add_argument("--model", default="smollm2-135m", help="model to serve (default: smollm2-135m)")
+    p.add_argument("--methods", default="plain,prompt_lookup", help="comma list; plain = no speculation (default: plain,prompt_lookup)")
+    p.add_argument("--concurrency", default="1,4,16", help="comma list of concurrency levels (default: 1,4,16)")
+    p.add_argument("--requests", type=int, default=16, help="requests per level at most (default: 16)")
+    p.add_argument("--max-tokens", type=int, default=64, help="new tokens per request (default: 64)")
+    p.add_argument("--time-limit", type=float, default=300.0, help="seconds per level at most (default: 300)")
+    p.add_argument("--questions", default=None, help="Spec-Bench question.jsonl (default: ../shared/data/spec_bench)")
+    p.add_argument("--overhead", action="store_true", help="also measure the server against the library at concurrency 1")
+    p.add_argument("--k", type=int, default=4, help="draft tokens per step (default: 4)")
+
+
+@dataclass
+class Sample:
+    ttft: float
+    latency: float
+    tokens: int
+
+
+@dataclass
+class Level:
+    method: str
+    concurrency: int
+    wall: float = 0.0
+    samples: list[Sample] = field(default_factory=list)
+    errors: int = 0
+
+    @property
+    def throughput(self) -> float:
+        return sum(s.tokens for s in self.samples) / self.wall if self.wall else 0.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    i = min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))
+    return values[i]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def _server(model: str, method: str, k: int):
+    import httpx2 as httpx
+
+    port = _free_port()
+    cmd = [sys.executable, "-m", "verispec.cli", "serve", "--model", model, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "m"]
+    if method != "plain":
+        cmd += ["--method", method, "--k", str(k)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 600
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {proc.returncode} ({' '.join(cmd)})")
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.time() > deadline:
+                raise TimeoutError("the server did not become healthy in 600 s")
+            time.sleep(0.3)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+async def _one(client, messages, max_tokens: int) -> Sample:
+    start = time.perf_counter()
+    ttft = None
+    tokens = 0
+    stream = await client.chat.completions.create(
+        model="m", messages=messages, max_tokens=max_tokens, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
+    async for chunk in stream:
+        if chunk.choices and ttft is None and chunk.choices[0].delta.content:
+            ttft = time.perf_counter() - start
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    latency = time.perf_counter() - start
+    return Sample(ttft if ttft is not None else latency, latency, tokens)
+
+
+async def _level(base: str, method: str, concurrency: int, conversations: list, max_tokens: int, time_limit: float) -> Level:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=600)
+    level = Level(method, concurrency)
+    todo = list(conversations)
+    start = time.perf_counter()
+
+    async def worker() -> None:
+        while todo and time.perf_counter() - start < time_limit:
+            messages = todo.pop(0)
+            try:
+                level.samples.append(await _one(client, messages, max_tokens))
+            except openai.APIError:
+                level.errors += 1
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    level.wall = time.perf_counter() - start
+    await client.close()
+    return level
+
+
+def _conversations(path: str | None, n: int) -> list[list[dict]]:
+    questions = pick_spread(load_questions(find_spec_bench(path)), n)
+    return [[{"role": "user", "content": q["turns"][0]}] for q in questions]
+
+
+def _overhead(base: str, model: str, method: str, k: int, conversations: list, max_tokens: int) -> tuple[float, float]:
+    """Tokens/s of the library and of the server at concurrency 1, alternating per prompt."""
+    import openai
+
+    from verispec import LLM, SamplingParams
+
+    spec = {"method": method, "num_speculative_tokens": k} if method != "plain" else None
+    llm = LLM(model, speculative=spec)
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=600)
+    lib_tokens = lib_time = srv_tokens = srv_time = 0.0
+    for messages in conversations:
+        t = time.perf_counter()
+        out = llm.chat(messages, SamplingParams(temperature=0, max_tokens=max_tokens))[0]
+        lib_time += time.perf_counter() - t
+        lib_tokens += len(out.token_ids)
+        t = time.perf_counter()
+        r = client.chat.completions.create(model="m", messages=messages, max_tokens=max_tokens, temperature=0)
+        srv_time += time.perf_counter() - t
+        srv_tokens += r.usage.completion_tokens
+    return lib_tokens / lib_time, srv_tokens / srv_time
+
+
+def run(args: argparse.Namespace) -> int:
+    levels = [int(c) for c in args.concurrency.split(",")]
+    conversations = _conversations(args.questions, args.requests)
+    results: list[Level] = []
+    overheads: dict[str, tuple[float, float]] = {}
+    for method in args.methods.split(","):
+        with _server(args.model, method, args.k) as base:
+            asyncio.run(_level(base, method, 1, conversations[:2], 8, 60))  # warm-up, not reported
+            for c in levels:
+                level = asyncio.run(_level(base, method, c, conversations, args.max_tokens, args.time_limit))
+                results.append(level)
+                print(_row(level), file=sys.stderr, flush=True)
+            if args.overhead:
+                overheads[method] = _overhead(base, args.model, method, args.k, conversations[: min(8, len(conversations))], args.max_tokens)
+    print(report(args, results, overheads))
+    return 0
+
+
+def _row(level: Level) -> str:
+    ttft = [s.ttft for s in level.samples]
+    lat = [s.latency for s in level.samples]
+    return (
+        f"| {level.method} | {level.concurrency} | {len(level.samples)} | {level.errors} | {level.throughput:.1f} | "
+        f"{percentile(ttft, 50):.2f} / {percentile(ttft, 90):.2f} / {percentile(ttft, 99):.2f} | "
+        f"{percentile(lat, 50):.2f} / {percentile(lat, 90):.2f} / {percentile(lat, 99):.2f} |"
+    )
+
+
+def report(args: argparse.Namespace, results: list[Level], overheads: dict[str, tuple[float, float]]) -> str:
+    lines = [
+        f"Load test of `verispec serve --model {args.model}` on loopback: up to {args.requests} Spec-Bench chat "
+        f"requests per level, {args.max_tokens} new tokens each, greedy, streamed.",
+        "",
+        "| method | concurrency | requests | errors | tokens/s | TTFT s p50 / p90 / p99 | latency s p50 / p90 / p99 |",
+        "|---|---|---|---|---|---|---|",
+        *(_row(r) for r in results),
+    ]
+    if overheads:
+        lines += ["", "Server against the library at concurrency 1 (same prompts, alternating):", ""]
+        for method, (lib, srv) in overheads.items():
+            lines.append(f"- {method}: library {lib:.1f} tok/s, server {srv:.1f} tok/s, overhead {100 * (1 - srv / lib):+.1f}%")
+    return "\n".join(lines)

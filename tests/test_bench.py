@@ -32,13 +32,14 @@ def questions(tmp_path):
 def test_bench_runs_every_method_and_writes_the_report(tiny_dir, questions, tmp_path, capsys):
     out = tmp_path / "out"
     code = main(["bench", "--model", str(tiny_dir("llama")), "--questions", str(questions), "--limit", "1",
-                 "--max-tokens", "12", "--methods", "plain,prompt_lookup,hf,hf_prompt_lookup,llamacpp", "--out", str(out)])
+                 "--max-tokens", "12", "--methods", "plain,prompt_lookup,hf,hf_prompt_lookup,llamacpp,plain@llamacpp", "--out", str(out)])
     assert code == 0
     data = json.loads((out / "results.json").read_text())
     methods = {"plain", "prompt_lookup", "hf", "hf_prompt_lookup"}
     assert {r["method"] for r in data["records"]} == methods
     assert len(data["records"]) == len(TURNS) * len(methods)
     assert "llamacpp" in data["skipped"]  # not a GGUF target: skipped with a reason, not a crash
+    assert "GGUF" in data["skipped"]["plain@llamacpp"]
     assert data["mismatches"] == []
     for r in data["records"]:
         assert r["new_tokens"] > 0 and r["wall_time"] > 0 and r["target_forwards"] >= 1
@@ -60,11 +61,21 @@ def test_bench_runs_every_method_and_writes_the_report(tiny_dir, questions, tmp_
 def test_profile_measures_the_cost_curve(tiny_dir, tmp_path, capsys):
     out = tmp_path / "prof"
     assert main(["bench", "--profile", "--model", str(tiny_dir("llama")), "--out", str(out)]) == 0
-    profile = CostProfile.load(out / "cost_profile.json")
+    profile = CostProfile.load(out / "cost_profile-torch.json")
     assert profile.ks == list(range(1, 33)) and profile.contexts == [128]
     assert all(ms > 0 for ms in profile.ms["128"])
     assert profile.cost(4, 100) == profile.ms["128"][3]
-    assert "forward cost" in capsys.readouterr().out
+    assert profile.bandwidth_gbs > 0 and profile.weight_bytes > 0 and profile.linear_floor_ms > 0
+    assert 0 < profile.bound_ms < profile.cost(1, 128)  # nothing beats reading the weights once
+    printed = capsys.readouterr().out
+    assert "forward cost" in printed and "fraction of bound" in printed
+    # the engine reads it back to choose k
+    from verispec import LLM
+    from verispec.engine.policy import default_cost
+
+    llm = LLM(str(tiny_dir("llama")), speculative={"method": "prompt_lookup", "cost_profile": str(out / "cost_profile-torch.json")})
+    cost = llm.decoder.policy.cost
+    assert cost is not default_cost and cost(1) == 1.0 and cost(32) == profile.cost(32, 128) / profile.cost(1, 128)
 
 
 def test_per_position_counts_add_up_across_turns_and_reports_redraw(tiny_dir, questions, tmp_path):

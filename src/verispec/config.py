@@ -122,12 +122,18 @@ class EngineConfig:
     """Everything `LLM(...)` and the CLI take, besides sampling."""
 
     model: str = opt("smollm2-135m", "model: a bundled name (smollm2-135m, gemma3-270m), a .gguf file or an HF folder")
+    backend: str = opt("torch", "model backend: torch (ours, any model) or llamacpp (GGUF on llama.cpp's kernels)")
+    weights_format: str | None = opt(None, "llamacpp backend: convert the GGUF's weights to Q8_0, F16 or F32 once (cached)")
     dtype: str = opt("float32", "weight and activation precision: float32 or bfloat16")
     max_model_len: int | None = opt(None, "cap on prompt + generated tokens (default: the model's context)")
     num_threads: int | None = opt(None, "torch CPU threads (default: torch's choice)")
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
     def __post_init__(self) -> None:
+        if self.backend not in ("torch", "llamacpp"):
+            raise ConfigError(f"backend must be torch or llamacpp, got {self.backend!r}")
+        if self.weights_format is not None and (self.backend != "llamacpp" or self.weights_format not in ("Q8_0", "F16", "F32")):
+            raise ConfigError(f"weights_format (Q8_0, F16 or F32) needs backend llamacpp, got {self.weights_format!r} on {self.backend}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         for name in ("max_model_len", "num_threads"):

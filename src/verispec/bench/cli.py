@@ -15,8 +15,10 @@ def add_bench_parser(sub) -> None:
     b = sub.add_parser("bench", help="Spec-Bench: our methods and peers side by side, report and plots")
     b.add_argument("--model", default="smollm2-135m", help="target model (default: smollm2-135m)")
     b.add_argument("--methods", default="plain,prompt_lookup,hf,hf_prompt_lookup,llamacpp,llamacpp_prompt_lookup",
-                   help="comma list; 'plain' (ours) is the baseline; peers: hf, hf_prompt_lookup, hf_assisted, "
-                        "llamacpp, llamacpp_prompt_lookup (skipped with a note when unavailable)")
+                   help="comma list; 'plain' (ours) is the baseline; ours: plain, prompt_lookup, draft_model, each "
+                        "optionally on another backend and weights format (plain@llamacpp, prompt_lookup@llamacpp:Q8_0); "
+                        "peers: hf, hf_prompt_lookup, hf_assisted, llamacpp, llamacpp_prompt_lookup (skipped with a note "
+                        "when unavailable)")
     b.add_argument("--categories", default=",".join(SUBTASKS), help=f"comma list of subtasks (default: all: {','.join(SUBTASKS)})")
     b.add_argument("--limit", type=int, default=10, help="questions per subtask (default: 10)")
     b.add_argument("--max-tokens", type=int, default=128, help="new tokens per turn (default: 128)")
@@ -27,7 +29,13 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--out", default="results/bench", help="folder for results.json, report.md, *.png")
     b.add_argument("--seed", type=int, default=0, help="base seed of sampling runs")
     b.add_argument("--quick", action="store_true", help=f"a few questions, short answers ({QUICK}): minutes, not hours")
-    b.add_argument("--profile", action="store_true", help="measure the target's forward cost for k = 1..32 instead")
+    b.add_argument("--adaptive-k", action="store_true",
+                   help="our speculative methods choose k (0..--k) per step from acceptance and cost (engine/policy.py)")
+    b.add_argument("--cost-profile", default=None, help="cost_profile.json (from --profile) for --adaptive-k")
+    b.add_argument("--profile", action="store_true",
+                   help="measure memory bandwidth and the forward cost for k = 1..32 new tokens instead, per --backends")
+    b.add_argument("--backends", default="torch",
+                   help="with --profile: comma list of backend[:format], e.g. torch,llamacpp,llamacpp:Q8_0 (default: torch)")
     b.add_argument("--report", default=None, metavar="RESULTS_JSON",
                    help="redraw report.md and the plots from a saved results.json (into its folder), run nothing")
 
@@ -41,15 +49,9 @@ def run(args: argparse.Namespace) -> int:
         result = load(Path(args.report))
         return _write_report(result, Path(args.report).parent)
     if args.profile:
-        from verispec import LLM
-        from verispec.bench.profile import measure, table
+        from verispec.bench.profile import run_profiles
 
-        profile = measure(LLM(args.model), args.model)
-        out.mkdir(parents=True, exist_ok=True)
-        profile.save(out / "cost_profile.json")
-        print(table(profile))
-        print(f"\nsaved {out / 'cost_profile.json'}")
-        return 0
+        return run_profiles(args.model, [b for b in args.backends.split(",") if b], out)
     cfg = BenchConfig(
         model=args.model,
         methods=tuple(m for m in args.methods.split(",") if m),
@@ -62,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         questions=args.questions,
         out=args.out,
         seed=args.seed,
+        adaptive_k=args.adaptive_k,
+        cost_profile=args.cost_profile,
     )
     result = run_bench(cfg)
     save(result, out)

@@ -45,10 +45,13 @@ class OursMethod:
         from verispec.engine.speculative import SpeculativeDecoder
         from verispec.proposers.base import create_proposer
 
+        from verispec.engine.llm import build_policy
+
         self.name = name
         self.speculative = spec is not None
         proposer = create_proposer(spec, llm.runner) if spec else None
-        self.decoder = SpeculativeDecoder(llm.runner, proposer, spec.num_speculative_tokens if spec else 0)
+        policy = build_policy(spec, getattr(proposer, "relative_cost", 0.0)) if spec else None
+        self.decoder = SpeculativeDecoder(llm.runner, proposer, spec.num_speculative_tokens if spec else 0, policy)
 
     def run(self, prompt_ids, max_tokens, temperature, seed) -> Run:
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)

@@ -1,7 +1,11 @@
 """`verispec bench --profile`: the target's forward time for k = 1..32 new tokens at a few context
-lengths, the curve speculation lives on (a k-token verification costs cost(k + 1)).
+lengths, per backend and weights format: the curve speculation lives on (a k-token verification
+costs cost(k + 1)). Also the physical limit: the machine's memory bandwidth, and each backend's
+one-token forward as a fraction of the bound it sets (weights read once per token: weight bytes /
+bandwidth); for the torch backend, the time its linear layers alone take.
 
-The result is saved as JSON that the engine can read back (`CostProfile.load`) to choose k.
+Each result is saved as JSON that the engine reads back (`--cost-profile`, `CostProfile.load`)
+to choose k.
 """
 
 from __future__ import annotations
@@ -22,6 +26,16 @@ class CostProfile:
     contexts: list[int]
     ks: list[int]
     ms: dict[str, list[float]]  # str(context) -> median ms per forward, one per k
+    backend: str = "torch"
+    weights_format: str = "float32"
+    weight_bytes: int = 0
+    bandwidth_gbs: float = 0.0  # measured read bandwidth of this machine
+    linear_floor_ms: float | None = None  # torch: one token through every linear layer
+
+    @property
+    def bound_ms(self) -> float:
+        """Bandwidth bound of a one-token forward: every weight byte read once."""
+        return self.weight_bytes / (self.bandwidth_gbs * 1e9) * 1000 if self.bandwidth_gbs else float("nan")
 
     def cost(self, k: int, context: int) -> float:
         """Median ms of a forward over k new tokens, at the profiled context nearest `context`."""
@@ -34,6 +48,82 @@ class CostProfile:
     @classmethod
     def load(cls, path: Path) -> "CostProfile":
         return cls(**json.loads(Path(path).read_text()))
+
+
+def measure_bandwidth(mib: int = 512, repeats: int = 5) -> float:
+    """Read bandwidth in GB/s: the best of a few sums over a buffer far larger than the caches."""
+    import torch
+
+    x = torch.ones(mib * 2**20 // 4)
+    x.sum()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t)
+    return x.numel() * 4 / best / 1e9
+
+
+def linear_floor_ms(runner, repeats: int = 10) -> float:
+    """One token through every linear layer of our torch model (LM head included), as `_project` runs them."""
+    import torch
+
+    from verispec.models.transformer import _project
+
+    m = runner.model
+    ws = [w for layer in m.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [m.lm_head]
+    xs = [torch.randn(1, w.shape[1], dtype=w.dtype) for w in ws]
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(repeats + 1):
+            t = time.perf_counter()
+            for x, w in zip(xs, ws):
+                _project(x, w)
+            best = min(best, time.perf_counter() - t)
+    return best * 1000
+
+
+def run_profiles(model: str, backends: list[str], out: Path) -> int:
+    """Profile each backend[:format]; print the tables and save cost_profile-<backend>.json each."""
+    from verispec import LLM
+
+    bandwidth = measure_bandwidth()
+    print(f"memory read bandwidth: {bandwidth:.1f} GB/s", file=sys.stderr)
+    out.mkdir(parents=True, exist_ok=True)
+    profiles = []
+    for spec in backends:
+        backend, _, fmt = spec.partition(":")
+        llm = LLM(model, backend=backend, weights_format=fmt or None)
+        profile = measure(llm, model)
+        profile.backend = backend
+        profile.weights_format = fmt or ("float32" if backend == "torch" else "as shipped")
+        profile.weight_bytes = llm.runner.weight_bytes
+        profile.bandwidth_gbs = bandwidth
+        if backend == "torch":
+            profile.linear_floor_ms = linear_floor_ms(llm.runner)
+        path = out / f"cost_profile-{spec.replace(':', '-')}.json"
+        profile.save(path)
+        profiles.append(profile)
+        print(table(profile))
+        print(f"saved {path}\n")
+        del llm
+    print(summary(profiles))
+    return 0
+
+
+def summary(profiles: list[CostProfile]) -> str:
+    lines = [
+        "| backend | weights | weight MB | one-token forward ms (ctx 512) | bandwidth bound ms | fraction of bound | linear floor ms | forward / floor |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for p in profiles:
+        one = p.cost(1, 512)
+        floor = f"{p.linear_floor_ms:.1f} | {one / p.linear_floor_ms:.2f}x" if p.linear_floor_ms else "- | -"
+        lines.append(
+            f"| {p.backend} | {p.weights_format} | {p.weight_bytes / 1e6:.0f} | {one:.1f} | {p.bound_ms:.1f} | "
+            f"{p.bound_ms / one:.2f} | {floor} |"
+        )
+    return "\n".join(lines)
 
 
 def measure(llm, model: str, contexts=(128, 512, 1024), ks=range(1, 33), repeats: int = 3) -> CostProfile:
@@ -65,7 +155,7 @@ def measure(llm, model: str, contexts=(128, 512, 1024), ks=range(1, 33), repeats
 
 def table(profile: CostProfile) -> str:
     head = f"{'k':>3} " + " ".join(f"{'ctx ' + str(c):>10}" for c in profile.contexts) + "   (ms, median; ratio to k=1)"
-    lines = [f"forward cost of {profile.model} over k new tokens", head]
+    lines = [f"forward cost of {profile.model} ({profile.backend}, {profile.weights_format}) over k new tokens", head]
     for i, k in enumerate(profile.ks):
         cells = []
         for c in profile.contexts:

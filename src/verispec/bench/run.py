@@ -37,6 +37,8 @@ class BenchConfig:
     questions: str | None = None
     out: str = "results/bench"
     seed: int = 0
+    adaptive_k: bool = False  # our speculative methods choose k per step (engine/policy.py) instead of k
+    cost_profile: str | None = None  # the forward-cost curve adaptive k reads
 
 
 @dataclass
@@ -69,21 +71,50 @@ class BenchResult:
     protocol: str = "rotated"
 
 
+def split_family(name: str) -> tuple[str, str]:
+    """'prompt_lookup@llamacpp:Q8_0' -> ('prompt_lookup', 'llamacpp:Q8_0'); no '@' = our torch backend."""
+    base, _, family = name.partition("@")
+    return base, family
+
+
+def family_llm(cfg: BenchConfig, llm, family: str, llms: dict):
+    """Our engine on a backend (and weights format): 'llamacpp', 'llamacpp:Q8_0'; '' = the torch one."""
+    if not family:
+        return llm
+    if family not in llms:
+        from verispec import LLM
+        from verispec.errors import ConfigError
+
+        backend, _, fmt = family.partition(":")
+        try:
+            llms[family] = LLM(cfg.model, backend=backend, weights_format=fmt or None)
+        except ConfigError as e:
+            raise Unavailable(str(e)) from e
+    return llms[family]
+
+
 def build_methods(cfg: BenchConfig, llm) -> tuple[list[Method], dict[str, str]]:
-    """Our methods and the peers; a peer that cannot run here is skipped with the reason."""
+    """Our methods and the peers; a peer that cannot run here is skipped with the reason.
+
+    Our methods may name a backend: `plain@llamacpp`, `prompt_lookup@llamacpp:Q8_0` (GGUF targets)."""
     methods: list[Method] = []
     skipped: dict[str, str] = {}
     eos = list(llm.runner.eos_token_ids)
     hf_model = None
+    llms: dict = {}
     for name in cfg.methods:
+        base, family = split_family(name)
         try:
-            if name == "plain":
-                methods.append(OursMethod("plain", llm, None))
-            elif name in ("prompt_lookup", "draft_model"):
-                if name == "draft_model" and not cfg.draft_model:
+            if base == "plain":
+                methods.append(OursMethod(name, family_llm(cfg, llm, family, llms), None))
+            elif base in ("prompt_lookup", "draft_model"):
+                if base == "draft_model" and not cfg.draft_model:
                     raise Unavailable("no --draft-model given (none of the bundled models shares a vocabulary)")
-                spec = SpeculativeConfig(method=name, num_speculative_tokens=cfg.k, draft_model=cfg.draft_model)
-                methods.append(OursMethod(name, llm, spec))
+                spec = SpeculativeConfig(
+                    method=base, num_speculative_tokens=cfg.k, draft_model=cfg.draft_model,
+                    adaptive_k=cfg.adaptive_k, cost_profile=cfg.cost_profile,
+                )
+                methods.append(OursMethod(name, family_llm(cfg, llm, family, llms), spec))
             elif name.startswith("hf"):
                 hf_model = hf_model or load_hf_model(cfg.model)
                 if name == "hf":
@@ -177,11 +208,13 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
             records[m.name] = (Record(q["question_id"], subtask(q), m.name, len(tokens), wall, ttft, forwards, lengths,
                                       per_pos, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), tokens)
             bar.update(1)
-        plain_tokens = records["plain"][1]
         for m in methods:
             rec, tokens = records[m.name]
-            if m.name != "plain" and cfg.temperature == 0:
-                _compare(rec, tokens, plain_tokens, m.speculative, result)
+            # lossless means: equal to plain decoding of the same backend and format (if measured)
+            base, family = split_family(m.name)
+            plain = "plain" + (f"@{family}" if family and m.speculative else "")
+            if m.name != plain and plain in records and cfg.temperature == 0:
+                _compare(rec, tokens, records[plain][1], m.speculative, result)
             result.records.append(rec)
     bar.close()
     return result

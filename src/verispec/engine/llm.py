@@ -27,7 +27,24 @@ from verispec.proposers.base import create_proposer
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def build_runner(model: str, dtype: torch.dtype | str = torch.float32, max_context: int | None = None) -> TorchRunner:
+def build_runner(
+    model: str,
+    dtype: torch.dtype | str = torch.float32,
+    max_context: int | None = None,
+    backend: str = "torch",
+    weights_format: str | None = None,
+):
+    """A ModelRunner for `model` on the chosen backend."""
+    if backend == "llamacpp":
+        from verispec.engine.llamacpp_runner import LlamaCppRunner
+        from verispec.models.registry import resolve
+
+        path = resolve(model)
+        if path.suffix.lower() != ".gguf":
+            raise ConfigError(f"the llamacpp backend runs GGUF files; {path} is not one")
+        if dtype not in (torch.float32, "float32"):
+            raise ConfigError("the llamacpp backend computes in the GGUF's own formats; choose them with weights_format, not dtype")
+        return LlamaCppRunner(path, max_context=max_context, weights_format=weights_format, num_threads=torch.get_num_threads())
     loaded = load_model(model)
     if isinstance(dtype, str):
         dtype = _DTYPES[dtype]
@@ -100,7 +117,8 @@ class LLM:
         self.config = EngineConfig(model=model, speculative=spec, **engine_options)
         if self.config.num_threads:
             torch.set_num_threads(self.config.num_threads)
-        self.runner = build_runner(model, self.config.dtype, self.config.max_model_len)
+        c = self.config
+        self.runner = build_runner(model, c.dtype, c.max_model_len, c.backend, c.weights_format)
         self.tokenizer = self.runner.tokenizer
         proposer = create_proposer(spec, self.runner) if spec.method else None
         policy = build_policy(spec, getattr(proposer, "relative_cost", 0.0))

@@ -57,6 +57,8 @@ class ModelRunner(Protocol):
 class TorchRunner:
     """ModelRunner over our PyTorch Transformer; one preallocated KVCache per sequence."""
 
+    backend = "torch"
+
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], tokenizer: Tokenizer,
                  dtype: torch.dtype = torch.float32, max_context: int | None = None) -> None:
         if dtype != torch.float32:

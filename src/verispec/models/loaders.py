@@ -260,13 +260,26 @@ _GGUF_NAMES = {
 }
 
 
-def convert_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+def _gguf_reader(path: Path):
     import gguf
 
     try:
-        reader = gguf.GGUFReader(str(path))
+        return gguf.GGUFReader(str(path))
     except Exception as e:  # a truncated or foreign file: say so, not a numpy traceback
         raise UnsupportedModelError(f"{path} is not a readable GGUF file: {e}") from e
+
+
+def load_gguf_meta(path: Path) -> tuple[ModelConfig, Tokenizer]:
+    """A GGUF's configuration and our tokenizer, without touching its weights (other backends)."""
+    reader = _gguf_reader(Path(path))
+    tokenizer = Tokenizer.from_gguf(reader)
+    return gguf_config(reader, tokenizer), tokenizer
+
+
+def convert_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+    import gguf
+
+    reader = _gguf_reader(path)
     tokenizer = Tokenizer.from_gguf(reader)
     config = gguf_config(reader, tokenizer)
     permute = _field(reader, "general.architecture") in ("llama", "mistral")

@@ -32,7 +32,8 @@ class DraftModelProposer:
     def create(cls, config, target) -> "DraftModelProposer":
         from verispec.engine.llm import build_runner
 
-        runner = build_runner(config.draft_model, dtype=target.dtype)
+        backend = getattr(target, "backend", "torch")  # the drafter runs where the target runs
+        runner = build_runner(config.draft_model, dtype=target.dtype, backend=backend)
         check_same_vocabulary(target, runner)
         proposer = cls(runner)
         # decoding is bound by reading the weights: a draft token costs about their ratio

@@ -1,0 +1,215 @@
+"""ModelRunner on llama.cpp's kernels, through llama-cpp-python's low-level API (optional extra:
+`pip install '.[llamacpp]'`).
+
+One llama.cpp context holds every open sequence: a sequence is a llama.cpp `seq_id` in one
+unified KV cache. A forward (or a ragged batch of several sequences' tokens) is one
+`llama_decode` of a batch that asks for logits exactly at the rows that need them; a truncate is
+`llama_memory_seq_rm(seq, length, -1)`, O(1) bookkeeping in llama.cpp's cells. Batches larger
+than the context's `n_batch` are split into several decodes.
+
+Tokenisation stays ours (`Tokenizer` from the GGUF, as for the torch backend): llama.cpp sees token
+ids only, so both backends see the same prompts. `weights_format` converts the shipped GGUF once
+with llama.cpp's own quantize call (`Q8_0`, `F16`; cached next to our other conversions): the
+cost of verifying k tokens depends on the format (see the issue's table), and exactness is always
+relative to the same backend and format.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from verispec.engine.runner import BatchItem
+from verispec.errors import ConfigError, ContextLengthError, UnsupportedModelError
+from verispec.models.loaders import cache_root, file_sha256, load_gguf_meta
+from verispec.models.transformer import ForwardOutput
+
+log = logging.getLogger("verispec")
+
+WEIGHT_FORMATS = ("Q8_0", "F16", "F32")
+DEFAULT_CONTEXT = 8192  # cells of the shared KV cache unless max_context asks otherwise
+
+
+def _llama_cpp():
+    try:
+        import llama_cpp
+    except ImportError as e:
+        raise ConfigError("the llamacpp backend needs llama-cpp-python: pip install 'verispec[llamacpp]' (compiles llama.cpp)") from e
+    return llama_cpp
+
+
+def convert_weights(path: Path, fmt: str) -> Path:
+    """The GGUF re-quantised to `fmt` by llama.cpp (cached on disk by the source's SHA-256)."""
+    if fmt not in WEIGHT_FORMATS:
+        raise ConfigError(f"weights_format must be one of {', '.join(WEIGHT_FORMATS)}, got {fmt!r}")
+    L = _llama_cpp()
+    out = cache_root() / f"llamacpp-{file_sha256(path)[:24]}-{fmt}.gguf"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp.gguf")
+    params = L.llama_model_quantize_default_params()
+    params.ftype = {"Q8_0": L.LLAMA_FTYPE_MOSTLY_Q8_0, "F16": L.LLAMA_FTYPE_MOSTLY_F16, "F32": L.LLAMA_FTYPE_ALL_F32}[fmt]
+    params.allow_requantize = True
+    log.info("converting %s to %s with llama.cpp (once; cached in %s)", path.name, fmt, out)
+    if L.llama_model_quantize(str(path).encode(), str(tmp).encode(), ctypes.byref(params)) != 0:
+        tmp.unlink(missing_ok=True)
+        raise UnsupportedModelError(f"llama.cpp could not convert {path} to {fmt}")
+    tmp.replace(out)
+    return out
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+def _quiet_log(level, text, user_data):  # llama.cpp's loading chatter off stderr
+    pass
+
+
+class LlamaCppRunner:
+    backend = "llamacpp"
+
+    def __init__(
+        self,
+        gguf_path: Path,
+        max_context: int | None = None,
+        max_sequences: int = 34,
+        num_threads: int | None = None,
+        weights_format: str | None = None,
+        n_batch: int = 512,
+    ) -> None:
+        L = self._L = _llama_cpp()
+        L.llama_log_set(_quiet_log, ctypes.c_void_p())
+        L.llama_backend_init()
+        config, self.tokenizer = load_gguf_meta(gguf_path)  # our tokenizer, the model's metadata
+        self.config = config
+        self.path = convert_weights(gguf_path, weights_format) if weights_format else Path(gguf_path)
+        self.weights_format = weights_format or "as shipped"
+        self.model = L.llama_model_load_from_file(str(self.path).encode(), L.llama_model_default_params())
+        if not self.model:
+            raise UnsupportedModelError(f"llama.cpp could not load {self.path}")
+        self.max_context = min(config.max_position, max_context or DEFAULT_CONTEXT)
+        cp = L.llama_context_default_params()
+        cp.n_ctx = self.max_context
+        cp.n_batch = cp.n_ubatch = n_batch
+        cp.n_seq_max = max_sequences
+        cp.kv_unified = True  # every sequence may use the whole context
+        cp.swa_full = True  # sliding-window layers keep every position, so any rollback is possible
+        cp.no_perf = True
+        if num_threads:
+            cp.n_threads = cp.n_threads_batch = num_threads
+        self.ctx = L.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            raise UnsupportedModelError(f"llama.cpp could not create a context for {self.path}")
+        self.mem = L.llama_get_memory(self.ctx)
+        self.n_batch = n_batch
+        self.batch = L.llama_batch_init(n_batch, 0, 1)
+        self.vocab_size = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
+        self.eos_token_ids = tuple(dict.fromkeys([*config.eos_token_ids, *self.tokenizer.eos_token_ids]))
+        self.weight_bytes = int(L.llama_model_size(self.model))
+        self.dtype = torch.float32  # logits; a draft model on this backend is loaded alike
+        self._free = list(range(max_sequences - 1, -1, -1))
+        self._lengths: dict[int, int] = {}
+        self._capacity: dict[int, int] = {}
+
+    # -- the ModelRunner verbs ----------------------------------------------------------------
+    def open(self, capacity: int) -> int:
+        if capacity > self.max_context:
+            raise ContextLengthError(f"a sequence of {capacity} tokens exceeds the llama.cpp context of {self.max_context}")
+        if sum(self._capacity.values()) + capacity > self.max_context:
+            raise ContextLengthError(
+                f"the llama.cpp KV cache ({self.max_context} cells) cannot hold another sequence of {capacity} tokens"
+            )
+        if not self._free:
+            raise ContextLengthError("every llama.cpp sequence slot is in use")
+        seq = self._free.pop()
+        self._lengths[seq] = 0
+        self._capacity[seq] = capacity
+        return seq
+
+    def forward(self, seq: int, tokens: list[int], num_logits: int = 1, return_hidden: bool = False) -> ForwardOutput:
+        return self.forward_batch([BatchItem(seq, tokens, num_logits, return_hidden)])[0]
+
+    def forward_batch(self, items: list[BatchItem]) -> list[ForwardOutput]:
+        # rows: (seq, token, position, which item wants its logits or -1)
+        rows: list[tuple[int, int, int, int]] = []
+        for i, it in enumerate(items):
+            start = self._lengths[it.seq]
+            if start + len(it.tokens) > self._capacity[it.seq]:
+                raise IndexError(f"sequence of {start + len(it.tokens)} tokens exceeds its capacity {self._capacity[it.seq]}")
+            first_logit = len(it.tokens) - it.num_logits
+            for j, tok in enumerate(it.tokens):
+                if not 0 <= tok < self.vocab_size:
+                    raise IndexError(f"token id {tok} outside the vocabulary [0, {self.vocab_size})")
+                rows.append((it.seq, tok, start + j, i if j >= first_logit else -1))
+        logits: list[list[np.ndarray]] = [[] for _ in items]
+        for begin in range(0, len(rows), self.n_batch):
+            chunk = rows[begin : begin + self.n_batch]
+            self._decode(chunk)
+            for r, (_, _, _, wants) in enumerate(chunk):
+                if wants >= 0:
+                    ptr = self._L.llama_get_logits_ith(self.ctx, r)
+                    logits[wants].append(np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)).copy())
+        for it in items:
+            self._lengths[it.seq] += len(it.tokens)
+        outs = []
+        for it, rows_ in zip(items, logits):
+            if it.return_hidden:
+                raise ConfigError("the llamacpp backend does not return hidden states")
+            stacked = torch.from_numpy(np.stack(rows_)) if rows_ else torch.empty(0, self.vocab_size)
+            outs.append(ForwardOutput(logits=stacked, hidden=None))  # [num_logits, vocab] float32
+        return outs
+
+    def length(self, seq: int) -> int:
+        return self._lengths[seq]
+
+    def truncate(self, seq: int, length: int) -> None:
+        if not 0 <= length <= self._lengths[seq]:
+            raise ValueError(f"cannot truncate a sequence of length {self._lengths[seq]} to {length}")
+        if length < self._lengths[seq]:
+            self._L.llama_memory_seq_rm(self.mem, seq, length, -1)
+        self._lengths[seq] = length
+
+    def close(self, seq: int) -> None:
+        if seq in self._lengths:
+            self._L.llama_memory_seq_rm(self.mem, seq, -1, -1)
+            del self._lengths[seq], self._capacity[seq]
+            self._free.append(seq)
+
+    @property
+    def open_sequences(self) -> int:
+        return len(self._lengths)
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes of KV cache the open sequences' tokens fill (of llama.cpp's preallocated cells)."""
+        c = self.config
+        per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 2  # keys and values, float16
+        return per_token * sum(list(self._lengths.values()))
+
+    # -- internals ----------------------------------------------------------------------------
+    def _decode(self, rows: list[tuple[int, int, int, int]]) -> None:
+        b = self.batch
+        b.n_tokens = len(rows)
+        for r, (seq, tok, pos, wants) in enumerate(rows):
+            b.token[r] = tok
+            b.pos[r] = pos
+            b.n_seq_id[r] = 1
+            b.seq_id[r][0] = seq
+            b.logits[r] = 1 if wants >= 0 else 0
+        rc = self._L.llama_decode(self.ctx, b)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed with code {rc} (batch of {len(rows)} tokens)")
+
+    def __del__(self) -> None:
+        L = getattr(self, "_L", None)
+        if L is None:
+            return
+        if getattr(self, "batch", None) is not None:
+            L.llama_batch_free(self.batch)
+        if getattr(self, "ctx", None):
+            L.llama_free(self.ctx)
+        if getattr(self, "model", None):
+            L.llama_model_free(self.model)

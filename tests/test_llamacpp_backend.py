@@ -1,0 +1,138 @@
+"""The llama.cpp backend (llama-cpp-python): the ModelRunner verbs, and the lossless tests on it.
+
+Exactness is relative to the same target on the same backend and weights format: speculative
+greedy output equals plain greedy output of llama.cpp on the same GGUF, token for token; sampled
+output follows its distribution. The target is the bundled SmolLM2 (Q4_1, as shipped); the draft
+model is the same GGUF converted to Q8_0 by llama.cpp (same vocabulary, slightly other weights,
+so drafts are mostly but not always accepted).
+"""
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from verispec import LLM, SamplingParams
+from verispec.config import SpeculativeConfig
+from verispec.engine.runner import BatchItem
+from verispec.engine.speculative import SpeculativeDecoder
+from verispec.proposers.base import create_proposer
+from verispec.sampling.processors import logits_to_probs
+
+pytest.importorskip("llama_cpp", reason="the llamacpp backend needs llama-cpp-python (make test installs it)")
+
+PROMPTS = [
+    "Repeat exactly: the quick brown fox jumps over the lazy dog; the quick brown fox jumps over the lazy dog.",
+    "List the numbers from one to twelve in words, separated by commas.",
+    "Write a short poem about the sea.",
+]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return LLM("smollm2-135m", backend="llamacpp")
+
+
+@pytest.fixture(scope="module")
+def q8_path():
+    from verispec.engine.llamacpp_runner import convert_weights
+    from verispec.models.registry import resolve
+
+    return str(convert_weights(resolve("smollm2-135m"), "Q8_0"))
+
+
+def test_runner_verbs_and_batches(target):
+    r = target.runner
+    ids = r.tokenizer.encode("The capital of France is")
+    a, b = r.open(64), r.open(64)
+    first = r.forward(a, ids, num_logits=len(ids)).logits  # [T, vocab]
+    assert first.shape == (len(ids), r.vocab_size) and first.dtype == torch.float32
+    r.truncate(a, 2)
+    again = r.forward(a, ids[2:], num_logits=len(ids) - 2).logits
+    torch.testing.assert_close(again, first[2:], atol=1e-3, rtol=1e-3)  # rollback forgets, recompute agrees
+    r.forward(b, ids[:3])
+    outs = r.forward_batch([BatchItem(a, [5], 1), BatchItem(b, ids[3:], len(ids) - 3)])
+    torch.testing.assert_close(outs[1].logits, first[3:], atol=1e-3, rtol=1e-3)  # b ran alongside a
+    assert r.length(a) == len(ids) + 1 and r.length(b) == len(ids)
+    r.close(a)
+    r.close(b)
+    assert r.open_sequences == 0 and r.cache_bytes == 0
+    with pytest.raises(Exception, match="context"):
+        r.open(r.max_context + 1)
+
+
+def _plain(target, prompt, n=32):
+    return target.generate(prompt, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))[0].token_ids
+
+
+@pytest.mark.parametrize("method", ["prompt_lookup", "draft_model_q8", "draft_model_self"])
+def test_greedy_identical_on_llamacpp(target, q8_path, method):
+    refs = [_plain(target, p) for p in PROMPTS]
+    draft = {"draft_model_q8": q8_path, "draft_model_self": "smollm2-135m"}.get(method)
+    spec = SpeculativeConfig(method=method.split("_q8")[0].removesuffix("_self"), draft_model=draft)
+    proposer = create_proposer(spec, target.runner)
+    drafted = accepted = 0
+    for k in (1, 2, 4, 8):
+        decoder = SpeculativeDecoder(target.runner, proposer, k)
+        for prompt, ref in zip(PROMPTS, refs):
+            req = decoder.generate(target.tokenizer.encode(prompt), SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))
+            assert req.output_ids == ref, f"k={k} {prompt[:30]!r}"
+            drafted += req.metrics.num_draft_tokens
+            accepted += req.metrics.num_accepted_tokens
+    assert drafted > 0
+    if method == "draft_model_self":
+        assert accepted == drafted
+    elif method == "draft_model_q8":
+        assert 0 < accepted < drafted
+
+
+TEMP, TOP_K = 0.9, 8
+
+
+def test_sampling_follows_the_llamacpp_target(target, q8_path):
+    """Second output token, drafted by the Q8_0 model and verified by rejection sampling on the
+    Q4_1 target: its distribution is the target's (chi-square)."""
+    runner = target.runner
+    prompt = target.tokenizer.encode("My favourite colour is")
+    seq = runner.open(len(prompt) + 2)
+    p1 = logits_to_probs(runner.forward(seq, prompt).logits, TEMP, TOP_K, 1.0)[0]
+    exact = torch.zeros_like(p1, dtype=torch.float64)
+    for t1 in torch.nonzero(p1).flatten().tolist():
+        runner.truncate(seq, len(prompt))
+        exact += p1[t1].double() * logits_to_probs(runner.forward(seq, [t1]).logits, TEMP, TOP_K, 1.0)[0].double()
+    runner.close(seq)
+    proposer = create_proposer(SpeculativeConfig(method="draft_model", draft_model=q8_path), runner)
+    decoder = SpeculativeDecoder(runner, proposer, 1)
+    n = 800
+    counts = np.zeros(runner.vocab_size)
+    accepted = drafted = 0
+    for s in range(n):
+        req = decoder.generate(prompt, SamplingParams(temperature=TEMP, top_k=TOP_K, seed=s, max_tokens=3, ignore_eos=True))
+        counts[req.output_ids[1]] += 1
+        accepted += req.metrics.num_accepted_tokens
+        drafted += req.metrics.num_draft_tokens
+    assert 0 < accepted < drafted
+    exact = exact.numpy()
+    assert counts[exact == 0].sum() == 0
+    big = exact * n >= 10
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(exact[big] * n, exact[~big].sum() * n)
+    keep = exp > 0
+    pvalue = chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue
+    assert pvalue > 1e-6, f"p = {pvalue:.2e}"
+
+
+def test_server_runs_on_llamacpp():
+    """The scheduler's batched steps on llama.cpp: 6 requests in one running batch give what each gets alone."""
+    from verispec.engine.scheduler import Scheduler
+
+    llm = LLM("smollm2-135m", backend="llamacpp", speculative={"method": "prompt_lookup", "num_speculative_tokens": 4})
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompts = [llm.tokenizer.encode(p) for p in PROMPTS * 2]
+    alone = [llm.decoder.generate(p, params).output_ids for p in prompts]
+    sched = Scheduler(llm.decoder, max_num_seqs=6)
+    handles = [sched.submit(p, params, lambda ev: None) for p in prompts]
+    while sched.num_running or sched.num_waiting:
+        sched.step()
+    assert [h.output_ids for h in handles] == alone
+    assert llm.runner.open_sequences == 0

@@ -1,56 +1,16 @@
-"""Helpers for the server tests: a real `verispec serve` process, and an in-thread uvicorn."""
+"""Helpers for the server tests: a real `verispec serve` process (the load test's own helper), an
+in-thread uvicorn, and reading one sample of /metrics."""
 
 from __future__ import annotations
 
-import os
 import re
-import socket
-import subprocess
-import sys
 import threading
 import time
 from contextlib import contextmanager
 
 import httpx2 as httpx
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(base: str, timeout: float = 180.0, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}")
-        try:
-            if httpx.get(base + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{base} not healthy after {timeout} s")
-
-
-@contextmanager
-def server_process(*args: str):
-    """`verispec serve ARGS` on a free loopback port; yields the base URL (http://127.0.0.1:PORT)."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "verispec.cli", "serve", "--port", str(port), *args]
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(base, proc=proc)
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+from verispec.server.loadtest import free_port, server_process, wait_healthy  # noqa: F401  (shared with the tests)
 
 
 @contextmanager

@@ -67,7 +67,7 @@ def percentile(values: list[float], q: float) -> float:
     return values[i]
 
 
-def _free_port() -> int:
+def free_port() -> int:
     import socket
 
     with socket.socket() as s:
@@ -75,29 +75,34 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@contextmanager
-def _server(model: str, method: str, k: int):
+def wait_healthy(base: str, timeout: float = 600.0, proc: subprocess.Popen | None = None) -> None:
+    """Poll GET /health until 200 (the model is loaded); fail early if the server process died."""
     import httpx2 as httpx
 
-    port = _free_port()
-    cmd = [sys.executable, "-m", "verispec.cli", "serve", "--model", model, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "m"]
-    if method != "plain":
-        cmd += ["--method", method, "--k", str(k)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    deadline = time.time() + timeout
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the server exited with code {proc.returncode}")
+        try:
+            if httpx.get(base + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.time() > deadline:
+            raise TimeoutError(f"{base} did not become healthy in {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+@contextmanager
+def server_process(*args: str, timeout: float = 600.0):
+    """`verispec serve ARGS` on a free 127.0.0.1 port; yields its base URL once it is healthy."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "verispec.cli", "serve", "--host", "127.0.0.1", "--port", str(port), *args]
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 600
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {proc.returncode} ({' '.join(cmd)})")
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.time() > deadline:
-                raise TimeoutError("the server did not become healthy in 600 s")
-            time.sleep(0.3)
+        wait_healthy(base, timeout, proc)
         yield base
     finally:
         proc.terminate()
@@ -105,6 +110,13 @@ def _server(model: str, method: str, k: int):
             proc.wait(20)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def _server(model: str, method: str, k: int):
+    args = ["--model", model, "--served-model-name", "m"]
+    if method != "plain":
+        args += ["--method", method, "--k", str(k)]
+    return server_process(*args)
 
 
 async def _one(client, messages, max_tokens: int) -> Sample:

@@ -136,8 +136,9 @@ def test_policy_backs_off_and_probes():
     est = AcceptanceEstimate()
     for _ in range(30):
         est.observe(4, 0)
-    ks = [policy.choose(est, batch_size=1) for _ in range(16)]
-    assert ks.count(0) == 14 and ks.count(policy.probe_k) == 2  # a probe every 8 steps
+    ks = [policy.choose(est, batch_size=1) for _ in range(64)]
+    probes = [i for i, k in enumerate(ks) if k]
+    assert probes == [7, 23, 55] and ks[7] == policy.probe_k  # after 8 steps, then 16, then 32
     for _ in range(30):
         est.observe(4, 4)
     assert policy.choose(est, batch_size=1) >= 4

@@ -93,6 +93,16 @@ def family_llm(cfg: BenchConfig, llm, family: str, llms: dict):
     return llms[family]
 
 
+def family_profile(cost_profile: str | None, family: str) -> str | None:
+    """A profile file as given, or from a --profile output folder the one of this backend and format."""
+    if cost_profile is None or not Path(cost_profile).is_dir():
+        return cost_profile
+    path = Path(cost_profile) / f"cost_profile-{(family or 'torch').replace(':', '-')}.json"
+    if not path.exists():
+        raise Unavailable(f"no {path.name} in {cost_profile} (run verispec bench --profile --backends ...)")
+    return str(path)
+
+
 def build_methods(cfg: BenchConfig, llm) -> tuple[list[Method], dict[str, str]]:
     """Our methods and the peers; a peer that cannot run here is skipped with the reason.
 
@@ -112,7 +122,7 @@ def build_methods(cfg: BenchConfig, llm) -> tuple[list[Method], dict[str, str]]:
                     raise Unavailable("no --draft-model given (none of the bundled models shares a vocabulary)")
                 spec = SpeculativeConfig(
                     method=base, num_speculative_tokens=cfg.k, draft_model=cfg.draft_model,
-                    adaptive_k=cfg.adaptive_k, cost_profile=cfg.cost_profile,
+                    adaptive_k=cfg.adaptive_k, cost_profile=family_profile(cfg.cost_profile, family),
                 )
                 methods.append(OursMethod(name, family_llm(cfg, llm, family, llms), spec))
             elif name.startswith("hf"):

@@ -2,7 +2,7 @@
 not pay.
 
 A step that verifies k draft tokens costs the target a forward over k + 1 tokens, `cost(k + 1)`
-in units of a one-token forward, plus k draft tokens at `draft_cost` each (the drafter's own
+in units of a one-token forward, plus k draft tokens at `draft_cost` + `DRAFT_OVERHEAD` each (the drafter's own
 estimate, `Proposer.relative_cost`: 0 for prompt lookup, the draft model's weight bytes over the
 target's for draft_model; fixed, not timed, so a seeded request's k choices -- and with them its
 sampled tokens -- are reproducible). With a per-token acceptance
@@ -16,7 +16,8 @@ tokens (the accepted drafts plus the recovered or bonus token). The policy picks
 The acceptance rate is estimated per request from its own drafts: each draft of n tokens with m
 accepted adds m successes and, if m < n, one failure (the geometric model's estimate), with
 older drafts decayed so the estimate follows the text. A request whose drafts stopped paying is
-probed with a short draft every `probe_every` steps, so it can come back.
+probed with a one-token draft after `probe_every` steps, then twice as long after each probe
+that fails (up to `max_probe_every`), so it can come back at little cost.
 
 Choosing k from past acceptance only (never from the current draft) keeps verification
 lossless: the output distribution does not depend on k.
@@ -30,9 +31,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-PRIOR_ACCEPTED = 1.0  # Laplace prior: a new request starts at a = 0.5, worth two draft tokens
-PRIOR_REJECTED = 1.0
+PRIOR_ACCEPTED = 0.5  # a new request starts at a = 0.5, a prior worth one draft token
+PRIOR_REJECTED = 0.5
 DECAY = 0.9  # weight of past drafts kept per new draft
+# Each draft token also costs bookkeeping outside the forward (building the batch, the verifier,
+# the drafter's call): measured here with drafts that always fail, verifying one draft token per
+# step cost ~9% against plain decoding although a 2-token forward costs what a 1-token one does.
+DRAFT_OVERHEAD = 0.05
 
 
 def default_cost(n: int) -> float:
@@ -57,6 +62,7 @@ class AcceptanceEstimate:
     accepted: float = PRIOR_ACCEPTED
     rejected: float = PRIOR_REJECTED
     steps_without_draft: int = 0
+    probe_interval: int = 0  # steps between probes while drafting does not pay (doubles per probe)
 
     @property
     def rate(self) -> float:
@@ -75,7 +81,8 @@ class SpeculationPolicy:
         disable_by_batch_size: int | None = None,
         cost: Callable[[int], float] = default_cost,
         probe_every: int = 8,
-        probe_k: int = 2,
+        probe_k: int = 1,
+        max_probe_every: int = 64,
         draft_cost: float = 0.0,
     ) -> None:
         self.max_k = max_k
@@ -83,12 +90,14 @@ class SpeculationPolicy:
         self.disable_by_batch_size = disable_by_batch_size
         self.cost = cost
         self.probe_every = probe_every
+        self.max_probe_every = max_probe_every
         self.probe_k = min(probe_k, max_k)
         self.draft_cost = draft_cost
 
     def best_k(self, a: float) -> int:
         """The k in 0..max_k with the most expected tokens per unit of cost."""
-        rates = [expected_tokens(a, k) / (self.cost(k + 1) + k * self.draft_cost) for k in range(self.max_k + 1)]
+        per_draft = self.draft_cost + DRAFT_OVERHEAD
+        rates = [expected_tokens(a, k) / (self.cost(k + 1) + k * per_draft) for k in range(self.max_k + 1)]
         return max(range(len(rates)), key=rates.__getitem__)
 
     def choose(self, estimate: AcceptanceEstimate, batch_size: int) -> int:
@@ -99,16 +108,29 @@ class SpeculationPolicy:
         if not self.adaptive:
             return self.max_k
         k = self.best_k(estimate.rate)
-        if k == 0:
-            estimate.steps_without_draft += 1
-            if estimate.steps_without_draft >= self.probe_every:
-                k = self.probe_k
-        if k > 0:
+        if k > 0:  # drafting pays: probing starts afresh if it stops paying again
             estimate.steps_without_draft = 0
-        return k
+            estimate.probe_interval = self.probe_every
+            return k
+        estimate.steps_without_draft += 1
+        interval = estimate.probe_interval or self.probe_every
+        if estimate.steps_without_draft >= interval:  # probe, and wait twice as long for the next one
+            estimate.steps_without_draft = 0
+            estimate.probe_interval = min(2 * interval, self.max_probe_every)
+            return self.probe_k
+        return 0
 
 
 def profile_cost(profile, context: int = 512) -> Callable[[int], float]:
-    """A cost curve from a measured `CostProfile` (verispec bench --profile), relative to n = 1."""
+    """A cost curve from a measured `CostProfile` (verispec bench --profile), relative to n = 1,
+    made non-decreasing (a measured dip, such as 2 tokens timed below 1, is noise or a kernel's
+    blocking that a policy must not bet on)."""
     base = profile.cost(1, context)
-    return lambda n: profile.cost(n, context) / base
+    curve: list[float] = []
+    for k in profile.ks:
+        curve.append(max([profile.cost(k, context) / base, *curve[-1:], 1.0]))
+
+    def cost(n: int) -> float:
+        return curve[min(range(len(profile.ks)), key=lambda i: abs(profile.ks[i] - n))]
+
+    return cost

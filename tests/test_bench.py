@@ -75,7 +75,10 @@ def test_profile_measures_the_cost_curve(tiny_dir, tmp_path, capsys):
 
     llm = LLM(str(tiny_dir("llama")), speculative={"method": "prompt_lookup", "cost_profile": str(out / "cost_profile-torch.json")})
     cost = llm.decoder.policy.cost
-    assert cost is not default_cost and cost(1) == 1.0 and cost(32) == profile.cost(32, 128) / profile.cost(1, 128)
+    assert cost is not default_cost and cost(1) == 1.0
+    curve = [cost(n) for n in range(1, 33)]
+    assert curve == sorted(curve)  # made non-decreasing: a measured dip is not something to bet on
+    assert cost(32) == max(1.0, *(profile.cost(n, 128) / profile.cost(1, 128) for n in range(1, 33)))
 
 
 def test_per_position_counts_add_up_across_turns_and_reports_redraw(tiny_dir, questions, tmp_path):

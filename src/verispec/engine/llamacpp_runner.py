@@ -177,6 +177,10 @@ class LlamaCppRunner:
             self._L.llama_memory_seq_rm(self.mem, seq, -1, -1)
             del self._lengths[seq], self._capacity[seq]
             self._free.append(seq)
+            if not self._lengths:
+                # start the next sequence at cell 0: llama.cpp's attention reads cells in cell
+                # order over a window padded to 256, so where a sequence lies changes its numerics
+                self._L.llama_memory_clear(self.mem, True)
 
     @property
     def open_sequences(self) -> int:

@@ -42,7 +42,6 @@ def add_bench_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from verispec.bench.report import markdown, plots
     from verispec.bench.run import load, run_bench, save
 
     out = Path(args.out)

@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from verispec import LLM, SamplingParams
+from verispec.bench.profile import linear_floor_ms
 from verispec.demo import find_spec_bench, load_questions
 from verispec.models.registry import resolve
-from verispec.models.transformer import _project
 
 
 def hf_model(name: str):
@@ -27,27 +27,6 @@ def hf_model(name: str):
 
     path = resolve(name)
     return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
-
-
-def linear_floor_ms(llm: LLM, repeats: int = 10) -> tuple[float, float]:
-    """One token through every linear layer of the model (LM head included), two ways:
-    ours (verispec.models.transformer._project) and nn.Linear's (F.linear)."""
-    m = llm.runner.model
-    ours = [w for layer in m.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [m.lm_head]
-    xs = [torch.randn(1, w.shape[1]) for w in ours]
-
-    def best_of(fn) -> float:
-        fn()
-        best = float("inf")
-        for _ in range(repeats):
-            t = time.perf_counter()
-            fn()
-            best = min(best, time.perf_counter() - t)
-        return best * 1000
-
-    t_ours = best_of(lambda: [_project(x, w) for x, w in zip(xs, ours)])
-    t_linear = best_of(lambda: [F.linear(x, w) for x, w in zip(xs, ours)])
-    return t_ours, t_linear
 
 
 def main() -> None:
@@ -78,7 +57,9 @@ def main() -> None:
             if r:
                 ours.append(out.metrics.tokens_per_second)
                 theirs.append(args.max_tokens / hf_s)
-        floor, floor_linear = linear_floor_ms(llm)
+        # one token through every linear layer, our projection and F.linear's
+        floor = linear_floor_ms(llm.runner)
+        floor_linear = linear_floor_ms(llm.runner, project=F.linear)
         per_tok = 1000 / max(ours)
         rows.append((name, max(ours), statistics.median(ours), max(theirs), statistics.median(theirs), per_tok, floor, floor_linear, same))
         del hf

@@ -64,12 +64,14 @@ def measure_bandwidth(mib: int = 512, repeats: int = 5) -> float:
     return x.numel() * 4 / best / 1e9
 
 
-def linear_floor_ms(runner, repeats: int = 10) -> float:
-    """One token through every linear layer of our torch model (LM head included), as `_project` runs them."""
+def linear_floor_ms(runner, repeats: int = 10, project=None) -> float:
+    """One token through every linear layer of our torch model (LM head included), best of
+    `repeats`, as `project(x, w)` runs them (default: our `_project`)."""
     import torch
 
     from verispec.models.transformer import _project
 
+    project = project or _project
     m = runner.model
     ws = [w for layer in m.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [m.lm_head]
     xs = [torch.randn(1, w.shape[1], dtype=w.dtype) for w in ws]
@@ -78,7 +80,7 @@ def linear_floor_ms(runner, repeats: int = 10) -> float:
         for _ in range(repeats + 1):
             t = time.perf_counter()
             for x, w in zip(xs, ws):
-                _project(x, w)
+                project(x, w)
             best = min(best, time.perf_counter() - t)
     return best * 1000
 

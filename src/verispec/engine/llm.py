@@ -65,9 +65,13 @@ def build_policy(spec: SpeculativeConfig, draft_cost: float = 0.0) -> Speculatio
     return SpeculationPolicy(k, adaptive=spec.adaptive_k, disable_by_batch_size=spec.disable_by_batch_size, cost=cost, draft_cost=draft_cost)
 
 
+# the EngineConfig fields LLM(...) takes as keyword options (model and speculative are its own arguments)
+ENGINE_OPTIONS = tuple(f.name for f in dataclasses.fields(EngineConfig) if f.name not in ("model", "speculative"))
+
+
 def engine_options(config: EngineConfig) -> dict[str, Any]:
-    """The EngineConfig fields LLM(...) takes as keyword options."""
-    return {f.name: getattr(config, f.name) for f in dataclasses.fields(EngineConfig) if f.name not in ("model", "speculative")}
+    """An EngineConfig as LLM(...)'s keyword options."""
+    return {name: getattr(config, name) for name in ENGINE_OPTIONS}
 
 
 @dataclass
@@ -110,10 +114,9 @@ class LLM:
         **engine_options: Any,
     ) -> None:
         spec = speculative if isinstance(speculative, SpeculativeConfig) else SpeculativeConfig.from_dict(speculative)
-        known = {f.name for f in dataclasses.fields(EngineConfig)} - {"model", "speculative"}
-        unknown = sorted(set(engine_options) - known)
+        unknown = sorted(set(engine_options) - set(ENGINE_OPTIONS))
         if unknown:
-            raise ConfigError(f"unknown LLM option(s) {unknown}; known: {sorted(known)}")
+            raise ConfigError(f"unknown LLM option(s) {unknown}; known: {sorted(ENGINE_OPTIONS)}")
         self.config = EngineConfig(model=model, speculative=spec, **engine_options)
         if self.config.num_threads:
             torch.set_num_threads(self.config.num_threads)
@@ -172,8 +175,7 @@ class LLM:
 
 
 def _completion(req: Request) -> CompletionOutput:
-    text = req.stops.final_text(req.output_ids, req.text_end)
-    return CompletionOutput(text, list(req.output_ids), req.finish_reason, req.metrics)
+    return CompletionOutput(req.text(), list(req.output_ids), req.finish_reason, req.metrics)
 
 
 def _check_params(params: Any) -> SamplingParams:

@@ -68,9 +68,7 @@ class Handle:
 
     def text(self) -> str:
         """The output text, stop strings and stop tokens cut as the offline API cuts them."""
-        if self.req is None:
-            return ""
-        return self.req.stops.final_text(self.req.output_ids, self.req.text_end)
+        return self.req.text() if self.req is not None else ""
 
 
 class Scheduler:
@@ -147,7 +145,7 @@ class Scheduler:
         if not self.running:
             return
         # 3. decode: one forward for the whole batch
-        active = [h for h in self.running if not h.req.finished]
+        active = list(self.running)  # a copy: retiring below changes self.running
         try:
             blocks = self.decoder.step_batch([h.req for h in active])
         except Exception as e:  # a failed forward must not leave clients waiting forever

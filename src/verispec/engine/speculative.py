@@ -52,6 +52,10 @@ class Request:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    def text(self) -> str:
+        """The output text, stop strings and stop tokens cut."""
+        return self.stops.final_text(self.output_ids, self.text_end)
+
 
 class SpeculativeDecoder:
     def __init__(

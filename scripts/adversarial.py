@@ -73,7 +73,7 @@ def main() -> None:
             spec = SpeculativeConfig(method=name, num_speculative_tokens=args.k, draft_model=args.draft_model,
                                      adaptive_k=adaptive, cost_profile=args.cost_profile)
             proposer = create_proposer(spec, llm.runner)
-            policy = build_policy(spec, getattr(proposer, "relative_cost", 0.0))
+            policy = build_policy(spec, getattr(proposer, "relative_cost", 0.0), llm.runner)
             methods[f"{name} k={args.k}" + (" adaptive" if adaptive else " fixed")] = SpeculativeDecoder(llm.runner, proposer, args.k, policy)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     for d in methods.values():  # warm-up

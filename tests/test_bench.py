@@ -71,7 +71,7 @@ def test_profile_measures_the_cost_curve(tiny_dir, tmp_path, capsys):
     assert "forward cost" in printed and "fraction of bound" in printed
     # the engine reads it back to choose k
     from verispec import LLM
-    from verispec.engine.policy import default_cost
+    from verispec.engine.costs import default_cost
 
     llm = LLM(str(tiny_dir("llama")), speculative={"method": "prompt_lookup", "cost_profile": str(out / "cost_profile-torch.json")})
     cost = llm.decoder.policy.cost

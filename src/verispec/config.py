@@ -79,7 +79,12 @@ class SpeculativeConfig:
         "and the forward's cost curve, so drafting backs off where it does not pay",
     )
     disable_by_batch_size: int | None = opt(None, "no drafting while more requests than this run in one batch")
-    cost_profile: str | None = opt(None, "forward-cost profile JSON from `verispec bench --profile` for adaptive k")
+    cost_profile: str | None = opt(
+        None,
+        "the forward-cost curve adaptive k weighs drafts against: a JSON from `verispec bench --profile`, "
+        "'auto' (timed on the loaded model at start-up; k choices, and so a seeded sampled request's exact "
+        "tokens, then depend on that timing), or none: the backend's built-in curve",
+    )
 
     def __post_init__(self) -> None:
         k = self.num_speculative_tokens

@@ -50,7 +50,7 @@ class OursMethod:
         self.name = name
         self.speculative = spec is not None
         proposer = create_proposer(spec, llm.runner) if spec else None
-        policy = build_policy(spec, getattr(proposer, "relative_cost", 0.0)) if spec else None
+        policy = build_policy(spec, getattr(proposer, "relative_cost", 0.0), llm.runner) if spec else None
         self.decoder = SpeculativeDecoder(llm.runner, proposer, spec.num_speculative_tokens if spec else 0, policy)
 
     def run(self, prompt_ids, max_tokens, temperature, seed) -> Run:

@@ -11,13 +11,14 @@ to choose k.
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tqdm import tqdm
+
+from verispec.engine.costs import time_forwards
 
 
 @dataclass
@@ -130,29 +131,15 @@ def summary(profiles: list[CostProfile]) -> str:
 
 def measure(llm, model: str, contexts=(128, 512, 1024), ks=range(1, 33), repeats: int = 3) -> CostProfile:
     runner = llm.runner
+    ks = list(ks)
     contexts = [c for c in contexts if c + max(ks) <= runner.max_context]
     ms: dict[str, list[float]] = {}
     bar = tqdm(total=len(contexts) * len(ks), desc="profile", unit="shape", file=sys.stderr)
     for ctx in contexts:
-        seq = runner.open(ctx + max(ks))
-        vocab = min(runner.vocab_size, 1000)
-        runner.forward(seq, [(i * 7919) % vocab for i in range(ctx)], num_logits=1)
-        row = []
-        for k in ks:
-            bar.set_postfix_str(f"context {ctx}, k {k}")
-            tokens = [(i * 31) % vocab for i in range(k)]
-            times = []
-            for _ in range(repeats + 1):  # the first is a warm-up
-                t = time.perf_counter()
-                runner.forward(seq, tokens, num_logits=k)
-                times.append((time.perf_counter() - t) * 1000)
-                runner.truncate(seq, ctx)
-            row.append(statistics.median(times[1:]))
-            bar.update(1)
-        runner.close(seq)
-        ms[str(ctx)] = row
+        bar.set_postfix_str(f"context {ctx}")
+        ms[str(ctx)] = time_forwards(runner, ctx, ks, repeats, progress=lambda k: bar.update(1))
     bar.close()
-    return CostProfile(model, list(contexts), list(ks), ms)
+    return CostProfile(model, list(contexts), ks, ms)
 
 
 def table(profile: CostProfile) -> str:

@@ -17,7 +17,8 @@ import torch
 
 from verispec.config import EngineConfig, SamplingParams, SpeculativeConfig
 from verispec.engine.metrics import RequestMetrics
-from verispec.engine.policy import SpeculationPolicy, default_cost, profile_cost
+from verispec.engine.costs import backend_cost, measured_cost, profile_cost
+from verispec.engine.policy import SpeculationPolicy
 from verispec.engine.runner import TorchRunner
 from verispec.engine.speculative import Request, SpeculativeDecoder
 from verispec.errors import ConfigError, InvalidPromptError, InvalidSamplingParamsError
@@ -51,17 +52,24 @@ def build_runner(
     return TorchRunner(loaded.config, loaded.weights, loaded.tokenizer, dtype=dtype, max_context=max_context)
 
 
-def build_policy(spec: SpeculativeConfig, draft_cost: float = 0.0) -> SpeculationPolicy:
-    """The speculation-length policy the configuration asks for."""
-    cost = default_cost
-    if spec.cost_profile:
+def build_policy(spec: SpeculativeConfig, draft_cost: float = 0.0, runner=None) -> SpeculationPolicy:
+    """The speculation-length policy the configuration asks for, on `runner`'s cost curve:
+    a profile file, "auto" (timed now on the runner), or the runner's backend's built-in curve."""
+    k = spec.num_speculative_tokens if spec.method else 0
+    backend = getattr(runner, "backend", "torch")
+    cost = backend_cost(backend)
+    if spec.cost_profile == "auto":
+        if runner is None:
+            raise ConfigError('cost_profile "auto" needs the loaded model to time')
+        if spec.method and spec.adaptive_k:
+            cost = measured_cost(runner, k + 1)
+    elif spec.cost_profile:
         from verispec.bench.profile import CostProfile
 
         try:
             cost = profile_cost(CostProfile.load(Path(spec.cost_profile)))
         except (OSError, ValueError, TypeError, KeyError) as e:
             raise ConfigError(f"cannot read the cost profile {spec.cost_profile}: {e}") from e
-    k = spec.num_speculative_tokens if spec.method else 0
     return SpeculationPolicy(k, adaptive=spec.adaptive_k, disable_by_batch_size=spec.disable_by_batch_size, cost=cost, draft_cost=draft_cost)
 
 
@@ -124,7 +132,7 @@ class LLM:
         self.runner = build_runner(model, c.dtype, c.max_model_len, c.backend, c.weights_format)
         self.tokenizer = self.runner.tokenizer
         proposer = create_proposer(spec, self.runner) if spec.method else None
-        policy = build_policy(spec, getattr(proposer, "relative_cost", 0.0))
+        policy = build_policy(spec, getattr(proposer, "relative_cost", 0.0), self.runner)
         self.decoder = SpeculativeDecoder(self.runner, proposer, spec.num_speculative_tokens, policy)
 
     def generate(

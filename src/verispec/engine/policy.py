@@ -31,6 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from verispec.engine.costs import default_cost
+
 PRIOR_ACCEPTED = 0.5  # a new request starts at a = 0.5, a prior worth one draft token
 PRIOR_REJECTED = 0.5
 DECAY = 0.9  # weight of past drafts kept per new draft
@@ -38,14 +40,6 @@ DECAY = 0.9  # weight of past drafts kept per new draft
 # the drafter's call): measured here with drafts that always fail, verifying one draft token per
 # step cost ~9% against plain decoding although a 2-token forward costs what a 1-token one does.
 DRAFT_OVERHEAD = 0.05
-
-
-def default_cost(n: int) -> float:
-    """Forward over n new tokens in units of a one-token forward, when no profile was measured.
-
-    Measured here for SmolLM2 in float32 (ms): n = 1: 42, 2: 41, 4: 58, 8: 105 -> ~1 + 0.15 (n - 1)
-    up to 8 tokens."""
-    return 1.0 + 0.15 * (n - 1)
 
 
 def expected_tokens(a: float, k: int) -> float:
@@ -119,18 +113,3 @@ class SpeculationPolicy:
             estimate.probe_interval = min(2 * interval, self.max_probe_every)
             return self.probe_k
         return 0
-
-
-def profile_cost(profile, context: int = 512) -> Callable[[int], float]:
-    """A cost curve from a measured `CostProfile` (verispec bench --profile), relative to n = 1,
-    made non-decreasing (a measured dip, such as 2 tokens timed below 1, is noise or a kernel's
-    blocking that a policy must not bet on)."""
-    base = profile.cost(1, context)
-    curve: list[float] = []
-    for k in profile.ks:
-        curve.append(max([profile.cost(k, context) / base, *curve[-1:], 1.0]))
-
-    def cost(n: int) -> float:
-        return curve[min(range(len(profile.ks)), key=lambda i: abs(profile.ks[i] - n))]
-
-    return cost

@@ -1,0 +1,102 @@
+"""Cost curves of the target's forward: cost(n) = time of a forward over n new tokens, in units of
+a one-token forward. A k-token verification costs cost(k + 1); the speculation policy
+(engine/policy.py) weighs it against the tokens a step is expected to yield.
+
+Three sources, chosen by SpeculativeConfig.cost_profile:
+    None        the backend's built-in curve (`backend_cost`): measured here once, by backend
+    "auto"      timed now on the loaded model (`measured_cost`, about a second for a 135M model)
+    a path      a `verispec bench --profile` JSON (`profile_cost`)
+Every curve is made non-decreasing: a measured dip (2 tokens timed below 1) is noise or a
+kernel's blocking that a policy must not bet on.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Sequence
+
+CostCurve = Callable[[int], float]
+
+
+def default_cost(n: int) -> float:
+    """The torch backend's curve when nothing was measured.
+
+    Measured here for SmolLM2 in float32 (ms): n = 1: 42, 2: 41, 4: 58, 8: 105 -> ~1 + 0.15 (n - 1)
+    up to 8 tokens."""
+    return 1.0 + 0.15 * (n - 1)
+
+
+# llama.cpp on this CPU (SmolLM2, ms for n new tokens after 512 of context, `verispec bench --profile`,
+# docs/results/profile-smollm2-135m): Q4_1 2: 1.7x, 4: 2.6x, 8: 4.0x; Q8_0 1.8x / 3.0x / 3.8x; F16 2.1x /
+# 2.6x / 4.1x; 16 tokens ~5-7x. One curve for every format, from the flattest of them at each n.
+LLAMACPP_POINTS = ((1, 1.0), (2, 1.7), (4, 2.6), (8, 3.8), (16, 5.7), (32, 9.0))
+
+
+def interpolated(points: Sequence[tuple[int, float]]) -> CostCurve:
+    """A curve through (n, cost) points, linear between them, flat beyond the last."""
+
+    def cost(n: int) -> float:
+        for (n0, c0), (n1, c1) in zip(points, points[1:]):
+            if n <= n1:
+                return c0 + (c1 - c0) * (max(n, n0) - n0) / (n1 - n0)
+        return points[-1][1]
+
+    return cost
+
+
+def backend_cost(backend: str) -> CostCurve:
+    """The built-in curve of a backend ("torch", "llamacpp")."""
+    return interpolated(LLAMACPP_POINTS) if backend == "llamacpp" else default_cost
+
+
+def monotone(ns: Sequence[int], ms: Sequence[float]) -> CostCurve:
+    """A curve from times `ms` of forwards over `ns` new tokens (ns[0] == 1): relative to one token,
+    non-decreasing, the nearest measured n answering for any other."""
+    curve: list[float] = []
+    for t in ms:
+        curve.append(max([t / ms[0], *curve[-1:], 1.0]))
+
+    def cost(n: int) -> float:
+        return curve[min(range(len(ns)), key=lambda i: abs(ns[i] - n))]
+
+    return cost
+
+
+def profile_cost(profile, context: int = 512) -> CostCurve:
+    """The curve of a measured `CostProfile` (verispec bench --profile) at its context nearest `context`."""
+    return monotone(profile.ks, [profile.cost(k, context) for k in profile.ks])
+
+
+def time_forwards(runner, context: int, ks: Sequence[int], repeats: int = 3, progress=None) -> list[float]:
+    """Median ms of a forward over k new tokens after `context` tokens, for each k in `ks`.
+
+    Opens a sequence of its own, fills it with `context` tokens, times each k (one warm-up
+    forward first) rolling back after each, and closes it."""
+    seq = runner.open(context + max(ks))
+    try:
+        vocab = min(runner.vocab_size, 1000)
+        if context:
+            runner.forward(seq, [(i * 7919) % vocab for i in range(context)], num_logits=1)
+        row = []
+        for k in ks:
+            tokens = [(i * 31) % vocab for i in range(k)]
+            times = []
+            for _ in range(repeats + 1):  # the first is a warm-up
+                t = time.perf_counter()
+                runner.forward(seq, tokens, num_logits=k)
+                times.append((time.perf_counter() - t) * 1000)
+                runner.truncate(seq, context)
+            row.append(statistics.median(times[1:]))
+            if progress is not None:
+                progress(k)
+        return row
+    finally:
+        runner.close(seq)
+
+
+def measured_cost(runner, max_n: int, context: int = 256, repeats: int = 3) -> CostCurve:
+    """The loaded model's own curve for 1..max_n new tokens, timed now (cost_profile="auto")."""
+    context = max(0, min(context, runner.max_context - max_n))
+    ns = list(range(1, max_n + 1))
+    return monotone(ns, time_forwards(runner, context, ns, repeats))

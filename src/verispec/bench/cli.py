@@ -13,7 +13,9 @@ QUICK = dict(limit=2, max_tokens=48)
 
 def add_bench_parser(sub) -> None:
     b = sub.add_parser("bench", help="Spec-Bench: our methods and peers side by side, report and plots")
-    b.add_argument("--model", default="smollm2-135m", help="target model (default: smollm2-135m)")
+    b.add_argument("--model", default="smollm2-135m",
+                   help="target model, or a comma list run one after another into <out>/<model>/ with a summary.md "
+                        "of all (default: smollm2-135m)")
     b.add_argument("--methods", default="plain,prompt_lookup,hf,hf_prompt_lookup,llamacpp,llamacpp_prompt_lookup",
                    help="comma list; 'plain' (ours) is the baseline; ours: plain, prompt_lookup, draft_model, each "
                         "optionally on another backend and weights format (plain@llamacpp, prompt_lookup@llamacpp:Q8_0); "
@@ -32,7 +34,8 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--adaptive-k", action="store_true",
                    help="our speculative methods choose k (0..--k) per step from acceptance and cost (engine/policy.py)")
     b.add_argument("--cost-profile", default=None,
-                   help="for --adaptive-k: a cost_profile-*.json, or the --profile output folder (each backend reads its own)")
+                   help="for --adaptive-k: 'auto' (each backend timed at start-up), a cost_profile-*.json, or the "
+                        "--profile output folder (each backend reads its own; <folder>/<model>/ first with several models)")
     b.add_argument("--profile", action="store_true",
                    help="measure memory bandwidth and the forward cost for k = 1..32 new tokens instead, per --backends")
     b.add_argument("--backends", default="torch",
@@ -42,18 +45,34 @@ def add_bench_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from verispec.bench.run import load, run_bench, save
+    from verispec.bench.run import load
 
     out = Path(args.out)
     if args.report:
         result = load(Path(args.report))
         return _write_report(result, Path(args.report).parent)
+    models = [m for m in args.model.split(",") if m]
+    if len(models) == 1:
+        return _run_model(args, models[0], out)[0]
+    codes, results = [], []
+    for model in models:
+        code, result = _run_model(args, model, out / Path(model).name)
+        codes.append(code)
+        results.append(result)
+    if not args.profile:
+        _write_summary(results, out)
+    return max(codes)
+
+
+def _run_model(args: argparse.Namespace, model: str, out: Path):
+    from verispec.bench.run import run_bench, save
+
     if args.profile:
         from verispec.bench.profile import run_profiles
 
-        return run_profiles(args.model, [b for b in args.backends.split(",") if b], out)
+        return run_profiles(model, [b for b in args.backends.split(",") if b], out), None
     cfg = BenchConfig(
-        model=args.model,
+        model=model,
         methods=tuple(m for m in args.methods.split(",") if m),
         categories=tuple(c for c in args.categories.split(",") if c),
         limit=QUICK["limit"] if args.quick else args.limit,
@@ -62,14 +81,36 @@ def run(args: argparse.Namespace) -> int:
         k=args.k,
         draft_model=args.draft_model,
         questions=args.questions,
-        out=args.out,
+        out=str(out),
         seed=args.seed,
         adaptive_k=args.adaptive_k,
         cost_profile=args.cost_profile,
     )
     result = run_bench(cfg)
     save(result, out)
-    return _write_report(result, out)
+    return _write_report(result, out), result
+
+
+def _write_summary(results: list, out: Path) -> None:
+    """<out>/summary.md: each model's per-backend table, side by side in one file."""
+    from verispec.bench.report import backends_table, summarize
+
+    lines = ["# Spec-Bench: plain decoding and the best speculative method per backend, every model", ""]
+    for result in results:
+        cfg = result.config
+        n_q = len({r.question_id for r in result.records})
+        lines += [f"## {cfg.model}", "",
+                  f"{n_q} questions, max {cfg.max_tokens} new tokens per turn, temperature {cfg.temperature}; "
+                  f"full report: [{Path(cfg.out).name}/report.md]({Path(cfg.out).name}/report.md)", ""]
+        lines += backends_table(result)
+        overall = summarize(result)
+        lines += ["", "Overall speedup over our torch plain decoding: "
+                  + ", ".join(f"{m} {row['overall']:.2f}x" for m, row in overall.items()), ""]
+        if result.mismatches:
+            lines += [f"Greedy mismatches of lossless methods: {len(result.mismatches)} (see the report)", ""]
+    (out / "summary.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+    print(f"saved {out / 'summary.md'}")
 
 
 def _write_report(result, out: Path) -> int:

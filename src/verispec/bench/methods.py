@@ -28,6 +28,7 @@ class Run:
 class Method(Protocol):
     name: str
     speculative: bool  # greedy outputs must equal our plain decoding's
+    weight_bytes: int  # bytes of target weights read per token (the bandwidth bound)
 
     def run(self, prompt_ids: list[int], max_tokens: int, temperature: float, seed: int) -> Run: ...
 
@@ -49,6 +50,7 @@ class OursMethod:
 
         self.name = name
         self.speculative = spec is not None
+        self.weight_bytes = llm.runner.weight_bytes  # the target's (a draft model's are not counted)
         proposer = create_proposer(spec, llm.runner) if spec else None
         policy = build_policy(spec, getattr(proposer, "relative_cost", 0.0), llm.runner) if spec else None
         self.decoder = SpeculativeDecoder(llm.runner, proposer, spec.num_speculative_tokens if spec else 0, policy)
@@ -95,6 +97,7 @@ class HFMethod:
         if assistant is not None:
             self.extra["assistant_model"] = assistant
         self._forwards = 0
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         model.register_forward_hook(self._count)
 
     def _count(self, *args) -> None:
@@ -154,6 +157,7 @@ class LlamaCppMethod:
         # its speculative path reads logits of every position: it needs logits_all (n_ctx x vocab floats)
         self.llm = llama_cpp.Llama(model_path=gguf_path, n_ctx=4096, verbose=False, draft_model=draft,
                                    logits_all=draft is not None, n_threads=torch.get_num_threads())
+        self.weight_bytes = int(llama_cpp.llama_model_size(self.llm.model))
 
     def run(self, prompt_ids, max_tokens, temperature, seed) -> Run:
         self.llm.reset()

@@ -51,6 +51,65 @@ def summarize(result: BenchResult) -> dict[str, dict]:
     return out
 
 
+def family_of(method: str) -> tuple[str, bool]:
+    """(backend family, speculative?) of a method: 'prompt_lookup@llamacpp:Q8_0' -> ('llamacpp:Q8_0', True);
+    our methods without '@' run on 'torch'; peers form the families 'hf' and 'llama.cpp (peer)'."""
+    if method in PEERS:
+        family = "hf" if method.startswith("hf") else "llama.cpp (peer)"
+        return family, method not in ("hf", "llamacpp")
+    base, _, family = method.partition("@")
+    return family or "torch", base != "plain"
+
+
+def decode_rate(records: list[Record]) -> float:
+    """Tokens/s after the first token (prompt processing of the first turn left out; the second
+    turn's of multi-turn questions stays in)."""
+    time = sum(r.wall_time - r.ttft for r in records)
+    return sum(max(0, r.new_tokens - 1) for r in records) / time if time > 0 else float("nan")
+
+
+def backends_table(result: BenchResult) -> list[str]:
+    """Per backend and weights format: plain decoding (tok/s, fraction of the bandwidth bound) and the
+    best speculative method, with ratios to llama.cpp's plain decoding measured in the same run."""
+    summary = summarize(result)
+    families: dict[str, dict[str, list[str]]] = {}
+    for m in summary:
+        family, speculative = family_of(m)
+        families.setdefault(family, {"plain": [], "spec": []})["spec" if speculative else "plain"].append(m)
+    peer = summary.get("llamacpp")
+    bw = result.bandwidth_gbs
+    lines = [
+        "| backend | plain method | weight MB | plain tok/s | plain decode tok/s | fraction of bandwidth bound "
+        "| best speculative | its tok/s | best / our torch plain | best / llama.cpp plain |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for family, ms in families.items():
+        plain = ms["plain"][0] if ms["plain"] else None
+        best = max(ms["spec"], key=lambda m: summary[m]["overall"]) if ms["spec"] else None
+        cells = [family, plain or "-"]
+        if plain:
+            rate = decode_rate(_by(result.records, plain))
+            wb = result.weight_bytes.get(plain)
+            bound = f"{wb * rate / (bw * 1e9):.2f}" if wb and bw else "-"
+            cells += [f"{wb / 1e6:.0f}" if wb else "-", f"{summary[plain]['tokens_per_s']:.1f}", f"{rate:.1f}", bound]
+        else:
+            cells += ["-"] * 4
+        if best:
+            row = summary[best]
+            cells += [best, f"{row['tokens_per_s']:.1f}", f"{row['overall']:.2f}x",
+                      f"{row['overall'] / peer['overall']:.2f}x" if peer else "-"]
+        else:
+            cells += ["-"] * 4
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"Fraction of bandwidth bound: the time to read the weights once ({'%.1f' % bw if bw else '?'} GB/s measured "
+        "before the run) over the time per decoded token (plain decode tok/s: tokens after the first over the time "
+        "after the first token). Ratios are of mean per-question tokens/s, as the speedups above.",
+    ]
+    return lines
+
+
 def markdown(result: BenchResult) -> str:
     cfg = result.config
     summary = summarize(result)
@@ -84,6 +143,8 @@ def markdown(result: BenchResult) -> str:
         lines += ["", f"Our best method ({best}) against each peer, ratio of mean per-question tokens/s:", ""]
         for p in peers:
             lines.append(f"- {best} / {p}: {summary[best]['overall'] / summary[p]['overall']:.2f}x")
+    if len({family_of(m)[0] for m in summary}) > 1:
+        lines += ["", "## Per backend", ""] + backends_table(result)
     if result.skipped:
         lines += ["", "Skipped:", ""] + [f"- {m}: {why}" for m, why in result.skipped.items()]
     lines += ["", "'identical to plain' of a peer is informative only: llama.cpp computes with its quantised "
@@ -129,7 +190,8 @@ def plots(result: BenchResult, out: Path) -> list[Path]:
     ax.set_ylabel("accepted / drafts")
     ax.set_ylim(0, 1)
     ax.set_title("acceptance rate by draft position")
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     paths.append(out / "acceptance.png")
     fig.savefig(paths[-1], dpi=110)

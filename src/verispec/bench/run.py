@@ -69,6 +69,8 @@ class BenchResult:
     mismatches: list[str] = field(default_factory=list)
     # how methods were ordered; results.json files written before the rotation say "fixed"
     protocol: str = "rotated"
+    bandwidth_gbs: float | None = None  # this machine's read bandwidth, measured before the run
+    weight_bytes: dict[str, int] = field(default_factory=dict)  # method -> bytes of weights it reads per token
 
 
 def split_family(name: str) -> tuple[str, str]:
@@ -93,13 +95,16 @@ def family_llm(cfg: BenchConfig, llm, family: str, llms: dict):
     return llms[family]
 
 
-def family_profile(cost_profile: str | None, family: str) -> str | None:
-    """A profile file as given, or from a --profile output folder the one of this backend and format."""
+def family_profile(cost_profile: str | None, family: str, model: str = "") -> str | None:
+    """A profile file as given ('auto' too), or from a --profile output folder the one of this backend
+    and format (in its <model>/ subfolder when there is one)."""
     if cost_profile is None or not Path(cost_profile).is_dir():
         return cost_profile
-    path = Path(cost_profile) / f"cost_profile-{(family or 'torch').replace(':', '-')}.json"
+    folder = Path(cost_profile) / Path(model).name
+    folder = folder if model and folder.is_dir() else Path(cost_profile)
+    path = folder / f"cost_profile-{(family or 'torch').replace(':', '-')}.json"
     if not path.exists():
-        raise Unavailable(f"no {path.name} in {cost_profile} (run verispec bench --profile --backends ...)")
+        raise Unavailable(f"no {path.name} in {folder} (run verispec bench --profile --backends ...)")
     return str(path)
 
 
@@ -122,7 +127,7 @@ def build_methods(cfg: BenchConfig, llm) -> tuple[list[Method], dict[str, str]]:
                     raise Unavailable("no --draft-model given (none of the bundled models shares a vocabulary)")
                 spec = SpeculativeConfig(
                     method=base, num_speculative_tokens=cfg.k, draft_model=cfg.draft_model,
-                    adaptive_k=cfg.adaptive_k, cost_profile=family_profile(cfg.cost_profile, family),
+                    adaptive_k=cfg.adaptive_k, cost_profile=family_profile(cfg.cost_profile, family, cfg.model),
                 )
                 methods.append(OursMethod(name, family_llm(cfg, llm, family, llms), spec))
             elif name.startswith("hf"):
@@ -201,7 +206,10 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
     for name, why in skipped.items():
         print(f"[bench] skipping {name}: {why}", file=sys.stderr)
     questions = select_questions(cfg)
-    result = BenchResult(cfg, skipped=skipped)
+    from verispec.bench.profile import measure_bandwidth
+
+    result = BenchResult(cfg, skipped=skipped, bandwidth_gbs=measure_bandwidth(),
+                         weight_bytes={m.name: m.weight_bytes for m in methods})
     if questions:  # untimed warm-up: first-touch costs must not land on whichever method runs first
         warm = llm.tokenizer.encode_chat([{"role": "user", "content": questions[0]["turns"][0]}])
         for m in methods:
@@ -250,6 +258,8 @@ def save(result: BenchResult, out: Path) -> None:
         "skipped": result.skipped,
         "mismatches": result.mismatches,
         "protocol": result.protocol,
+        "bandwidth_gbs": result.bandwidth_gbs,
+        "weight_bytes": result.weight_bytes,
         "records": [{**asdict(r), "tokens_per_s": r.tokens_per_s} for r in result.records],
         "created": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
@@ -269,4 +279,5 @@ def load(path: Path) -> BenchResult:
         # runs saved before a fix padded per-position counts past k with zeros
         raw["accepted_per_position"] = raw["accepted_per_position"][: cfg.k]
         records.append(Record(**{k: v for k, v in raw.items() if k in fields}))
-    return BenchResult(cfg, records, data.get("skipped", {}), data.get("mismatches", []), data.get("protocol", "fixed"))
+    return BenchResult(cfg, records, data.get("skipped", {}), data.get("mismatches", []), data.get("protocol", "fixed"),
+                       data.get("bandwidth_gbs"), data.get("weight_bytes", {}))

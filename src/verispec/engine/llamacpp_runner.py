@@ -12,6 +12,19 @@ ids only, so both backends see the same prompts. `weights_format` converts the s
 with llama.cpp's own quantize call (`Q8_0`, `F16`; cached next to our other conversions): the
 cost of verifying k tokens depends on the format (see the issue's table), and exactness is always
 relative to the same backend and format.
+
+Exactness on this backend needs the kernels to give a row the same logits whether it is decoded
+alone (plain decoding) or with others (verifying k drafts, or several requests in one batch).
+Two choices make them agree:
+- The KV cache is Q8_0 (keys and values). With an F16 cache, llama.cpp's flash attention splits
+  the keys of a lone query across threads once the attention window reaches 512 cells and
+  merges the partial sums: other rounding than the one-pass path every multi-row batch takes, up
+  to 0.9 in a logit here. With a quantised cache every decode takes the one-pass path.
+- Decodes that want logits at every row (verification, decoding steps) hold at most
+  `invariant_rows` rows, measured at load (`probe_invariant_rows`): some weight formats switch
+  matrix kernels with the number of rows (Gemma 3's Q4_K_M at 5 rows here; Q4_1 and Q8_0 not
+  up to 32), and a larger verification is split into several decodes. Prompt processing goes in
+  n_batch chunks, the same for plain and speculative decoding.
 """
 
 from __future__ import annotations
@@ -32,6 +45,7 @@ log = logging.getLogger("verispec")
 
 WEIGHT_FORMATS = ("Q8_0", "F16", "F32")
 DEFAULT_CONTEXT = 8192  # cells of the shared KV cache unless max_context asks otherwise
+PROBE_ROWS = (2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32)  # decode sizes probe_invariant_rows checks, in order
 
 
 def _llama_cpp():
@@ -98,6 +112,8 @@ class LlamaCppRunner:
         cp.kv_unified = True  # every sequence may use the whole context
         cp.swa_full = True  # sliding-window layers keep every position, so any rollback is possible
         cp.no_perf = True
+        cp.type_k = cp.type_v = L.GGML_TYPE_Q8_0  # the one-pass attention path for every decode (above)
+        cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED  # a quantised V cache needs flash attention
         if num_threads:
             cp.n_threads = cp.n_threads_batch = num_threads
         self.ctx = L.llama_init_from_model(self.model, cp)
@@ -113,6 +129,7 @@ class LlamaCppRunner:
         self._free = list(range(max_sequences - 1, -1, -1))
         self._lengths: dict[int, int] = {}
         self._capacity: dict[int, int] = {}
+        self.invariant_rows = self.probe_invariant_rows()  # sets it
 
     # -- the ModelRunner verbs ----------------------------------------------------------------
     def open(self, capacity: int) -> int:
@@ -145,8 +162,11 @@ class LlamaCppRunner:
                     raise IndexError(f"token id {tok} outside the vocabulary [0, {self.vocab_size})")
                 rows.append((it.seq, tok, start + j, i if j >= first_logit else -1))
         logits: list[list[np.ndarray]] = [[] for _ in items]
-        for begin in range(0, len(rows), self.n_batch):
-            chunk = rows[begin : begin + self.n_batch]
+        # decoding and verification (logits at every row): decodes the kernels treat row by row alike
+        every_row = all(it.num_logits == len(it.tokens) for it in items)
+        size = self.invariant_rows if every_row else self.n_batch
+        for begin in range(0, len(rows), size):
+            chunk = rows[begin : begin + size]
             self._decode(chunk)
             for r, (_, _, _, wants) in enumerate(chunk):
                 if wants >= 0:
@@ -190,8 +210,36 @@ class LlamaCppRunner:
     def cache_bytes(self) -> int:
         """Bytes of KV cache the open sequences' tokens fill (of llama.cpp's preallocated cells)."""
         c = self.config
-        per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 2  # keys and values, float16
+        per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 34 // 32  # keys and values, Q8_0
         return per_token * sum(list(self._lengths.values()))
+
+    def probe_invariant_rows(self) -> int:
+        """The most rows (up to 32) a decode may hold while every row still gets exactly the logits
+        a one-row decode gives it, measured on this model, format and machine.
+
+        Decodes a short synthetic sequence one token at a time, then the same tokens 2, 3, 4, ...
+        rows at once (PROBE_ROWS, stopping at the first that differs). Kernel choices depend on
+        shapes, not values, so one probe answers for every sequence. About 0.5 s for Gemma 3 270M."""
+        self.invariant_rows = 1
+        vocab = min(self.vocab_size, 1000)
+        prefix = [(i * 7919) % vocab for i in range(8)]
+        tokens = [(i * 31 + 7) % vocab for i in range(max(PROBE_ROWS))]
+        seq = self.open(len(prefix) + len(tokens))
+        try:
+            self.forward(seq, prefix)
+            alone = torch.cat([self.forward(seq, [t]).logits for t in tokens])  # [32, vocab]
+            best = 1
+            for n in PROBE_ROWS:
+                self.truncate(seq, len(prefix))
+                self.invariant_rows = n
+                if not torch.equal(self.forward(seq, tokens[:n], num_logits=n).logits, alone[:n]):
+                    break
+                best = n
+        finally:
+            self.close(seq)
+        self.invariant_rows = best
+        log.info("llama.cpp decodes of up to %d rows give each row its one-row logits", best)
+        return best
 
     # -- internals ----------------------------------------------------------------------------
     def _decode(self, rows: list[tuple[int, int, int, int]]) -> None:

@@ -1,21 +1,33 @@
 """Cost curves the speculation policy weighs drafts against: built-in, timed at start-up, from a profile."""
 
+from types import SimpleNamespace
+
 import pytest
 
-from verispec import LLM
-from verispec.engine.costs import LLAMACPP_POINTS, backend_cost, default_cost, interpolated, monotone
+from verispec import LLM, SamplingParams
+from verispec.config import SpeculativeConfig
+from verispec.engine.costs import LLAMACPP_POINTS, backend_cost, default_cost, interpolated, measured_cost, monotone
+from verispec.engine.llm import build_policy
 from verispec.errors import ConfigError
 
 
-def test_interpolated_curve_passes_through_its_points_and_is_flat_beyond():
+def test_interpolated_curve_passes_through_its_points_and_extends_its_last_slope():
     curve = interpolated(((1, 1.0), (2, 1.7), (4, 2.6)))
     assert curve(1) == 1.0 and curve(2) == 1.7 and curve(4) == 2.6
     assert curve(3) == pytest.approx(2.15)
-    assert curve(9) == 2.6
-    llamacpp = backend_cost("llamacpp")
-    assert [llamacpp(n) for n, _ in LLAMACPP_POINTS] == [c for _, c in LLAMACPP_POINTS]
-    assert backend_cost("torch") is default_cost
+    assert curve(6) == pytest.approx(3.5)  # 0.45 per token beyond 4, as between 2 and 4
+
+
+def test_backend_curves_and_llamacpp_decodes_split_at_invariant_rows():
+    assert backend_cost(SimpleNamespace(backend="torch")) is default_cost
+    assert backend_cost(None) is default_cost
+    llamacpp = backend_cost(SimpleNamespace(backend="llamacpp", invariant_rows=32))
+    assert [llamacpp(n) for n, _ in LLAMACPP_POINTS] == pytest.approx([c for _, c in LLAMACPP_POINTS])
     assert llamacpp(5) > default_cost(5)  # llama.cpp's verification is steeper here than torch's
+    split = backend_cost(SimpleNamespace(backend="llamacpp", invariant_rows=3))
+    assert split(3) == pytest.approx(llamacpp(3))
+    assert split(5) == pytest.approx(llamacpp(3) + llamacpp(2))  # a decode of 3 rows, then one of 2
+    assert split(9) == pytest.approx(3 * llamacpp(3))
 
 
 def test_measured_times_become_a_non_decreasing_relative_curve():
@@ -24,26 +36,63 @@ def test_measured_times_become_a_non_decreasing_relative_curve():
     assert curve(3) == 1.0 and curve(6) == 1.4  # the nearest measured n answers
 
 
-def test_auto_times_the_loaded_model(tiny_dir):
+class CountingRunner:
+    """A runner whose forward over n tokens 'costs' 10 + 5 n ms (slept), recording what it is asked."""
+
+    max_context, vocab_size, backend = 4096, 100, "fake"
+
+    def __init__(self):
+        self.sizes, self.opened, self.closed, self.length = [], 0, 0, 0
+
+    def open(self, capacity):
+        self.opened += 1
+        return 0
+
+    def close(self, seq):
+        self.closed += 1
+
+    def forward(self, seq, tokens, num_logits=1):
+        import time
+
+        self.sizes.append(len(tokens))
+        self.length += len(tokens)
+        time.sleep((10 + 5 * len(tokens)) / 1000)
+
+    def truncate(self, seq, length):
+        self.length = length
+
+
+def test_auto_times_every_draft_length_it_may_choose_and_cleans_up():
+    runner = CountingRunner()
+    cost = measured_cost(runner, max_n=5, context=16, repeats=2)
+    assert runner.sizes[0] == 16  # the context, once
+    timed = runner.sizes[1:]
+    assert sorted(set(timed)) == [1, 2, 3, 4, 5] and all(timed.count(n) == 3 for n in set(timed))  # warm-up + 2
+    assert runner.opened == runner.closed == 1 and runner.length == 16
+    assert cost(1) == 1.0
+    # 10 + 5 n ms: cost(n) = (10 + 5 n) / 15 (sleeps overshoot a little; the curve stays near it)
+    assert cost(5) == pytest.approx(35 / 15, rel=0.25) and cost(3) == pytest.approx(25 / 15, rel=0.25)
+    assert [cost(n) for n in range(1, 6)] == sorted(cost(n) for n in range(1, 6))
+    policy = build_policy(SpeculativeConfig(method="prompt_lookup", num_speculative_tokens=4, cost_profile="auto"), 0.0, CountingRunner())
+    assert policy.cost(5) > 1.5  # the measured curve, not the torch default (1.6 at 5, but 1.15 at 2)
+    assert policy.cost(2) == pytest.approx(20 / 15, rel=0.25)
+
+
+def test_auto_on_a_real_engine_stays_lossless(tiny_dir):
     llm = LLM(str(tiny_dir("llama")), speculative={"method": "prompt_lookup", "num_speculative_tokens": 3,
                                                   "cost_profile": "auto"})
-    cost = llm.decoder.policy.cost
-    assert cost is not default_cost
-    curve = [cost(n) for n in range(1, 5)]
-    assert curve[0] == 1.0 and curve == sorted(curve)
+    assert llm.decoder.policy.cost is not default_cost and llm.decoder.policy.cost(1) == 1.0
     assert llm.runner.open_sequences == 0  # the timing sequence is closed again
-    # and the engine still decodes losslessly on it
     plain = LLM(str(tiny_dir("llama")))
     prompt = [5, 6, 7, 5, 6, 7, 5, 6]
-    from verispec import SamplingParams
-
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     assert llm.generate([prompt], params)[0].token_ids == plain.generate([prompt], params)[0].token_ids
 
 
 def test_plain_decoding_times_nothing_and_bad_profiles_are_config_errors(tiny_dir, tmp_path):
-    llm = LLM(str(tiny_dir("llama")), speculative={"method": None, "cost_profile": "auto"})
-    assert llm.decoder.policy.cost is default_cost
+    runner = CountingRunner()
+    policy = build_policy(SpeculativeConfig(method=None, cost_profile="auto"), 0.0, runner)
+    assert runner.sizes == [] and policy.max_k == 0
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     with pytest.raises(ConfigError, match="cannot read the cost profile"):

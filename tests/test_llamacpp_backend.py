@@ -65,6 +65,57 @@ def test_runner_verbs_and_batches(target):
         r.open(r.max_context + 1)
 
 
+def test_verifications_split_at_invariant_rows_keep_every_row(target):
+    """Several sequences' rows in one batch, split into decodes of 2 rows (chunk boundaries inside
+    and across items): each row's logits equal its one-row decode, in order."""
+    r = target.runner
+    saved = r.invariant_rows
+    a, b = r.open(32), r.open(32)
+    try:
+        r.forward(a, [11, 12, 13])
+        r.forward(b, [21, 22])
+        alone_a = r.forward(a, [5]).logits
+        alone_b = torch.cat([r.forward(b, [t]).logits for t in (6, 7, 8, 9)])
+        r.truncate(a, 3)
+        r.truncate(b, 2)
+        r.invariant_rows = 2
+        outs = r.forward_batch([BatchItem(a, [5], 1), BatchItem(b, [6, 7, 8, 9], 4)])  # decodes: [a5 b6] [b7 b8] [b9]
+        assert torch.equal(outs[0].logits, alone_a) and torch.equal(outs[1].logits, alone_b)
+        assert r.length(a) == 4 and r.length(b) == 6
+    finally:
+        r.invariant_rows = saved
+        r.close(a)
+        r.close(b)
+
+
+def test_probe_finds_the_size_where_rows_stop_agreeing(target, monkeypatch, tmp_path):
+    """A stand-in for a kernel switch at 6 rows (logits of larger decodes nudged): the probe
+    answers 5 and caches it; a second probe reads the cache."""
+    import json
+
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    r = target.runner
+    saved = r.invariant_rows
+    real = r.forward_batch
+
+    def switched(items):
+        outs = real(items)
+        if sum(len(it.tokens) for it in items) > 5:
+            for o in outs:
+                o.logits[:, 0] += 1e-3
+        return outs
+
+    monkeypatch.setattr(r, "forward_batch", switched)
+    try:
+        assert r.probe_invariant_rows() == 5 and r.invariant_rows == 5
+        assert json.loads((tmp_path / "llamacpp-probes.json").read_text()) == {r._probe_key(): 5}
+        monkeypatch.setattr(r, "forward_batch", real)
+        assert r.probe_invariant_rows() == 5  # from the cache, not measured again
+    finally:
+        r.invariant_rows = saved
+    assert r.open_sequences == 0
+
+
 def _plain(target, prompt, n=32):
     return target.generate(prompt, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))[0].token_ids
 
@@ -101,7 +152,6 @@ def test_long_contexts_stay_exact_on_llamacpp(model, target):
     decodes): rows decoded together equal rows decoded alone, and greedy speculative = plain."""
     llm = target if model == "smollm2-135m" else LLM(model, backend="llamacpp")
     r = llm.runner
-    assert 1 <= r.invariant_rows <= 32
     seq = r.open(720)
     r.forward(seq, [(i * 7919) % 1000 for i in range(700)])
     tokens = [(i * 31) % 1000 + 3 for i in range(9)]

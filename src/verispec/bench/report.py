@@ -12,7 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 from statistics import mean
 
-from verispec.bench.run import SUBTASKS, BenchResult, Record
+from verispec.bench.run import SUBTASKS, BenchResult, Record, split_family
 
 PEERS = ("hf", "hf_prompt_lookup", "hf_assisted", "llamacpp", "llamacpp_prompt_lookup")
 
@@ -57,7 +57,7 @@ def family_of(method: str) -> tuple[str, bool]:
     if method in PEERS:
         family = "hf" if method.startswith("hf") else "llama.cpp (peer)"
         return family, method not in ("hf", "llamacpp")
-    base, _, family = method.partition("@")
+    base, family = split_family(method)
     return family or "torch", base != "plain"
 
 

@@ -98,7 +98,7 @@ def family_llm(cfg: BenchConfig, llm, family: str, llms: dict):
 def family_profile(cost_profile: str | None, family: str, model: str = "") -> str | None:
     """A profile file as given ('auto' too), or from a --profile output folder the one of this backend
     and format (in its <model>/ subfolder when there is one)."""
-    if cost_profile is None or not Path(cost_profile).is_dir():
+    if cost_profile in (None, "auto") or not Path(cost_profile).is_dir():
         return cost_profile
     folder = Path(cost_profile) / Path(model).name
     folder = folder if model and folder.is_dir() else Path(cost_profile)

@@ -4,7 +4,9 @@ a one-token forward. A k-token verification costs cost(k + 1); the speculation p
 
 Three sources, chosen by SpeculativeConfig.cost_profile:
     None        the backend's built-in curve (`backend_cost`): measured here once, by backend
-    "auto"      timed now on the loaded model (`measured_cost`, about a second for a 135M model)
+    "auto"      timed now on the loaded model (`measured_cost`, about a second for a 135M model
+                at k = 4; then k choices, and with them a seeded sampled request's exact tokens,
+                depend on that timing)
     a path      a `verispec bench --profile` JSON (`profile_cost`)
 Every curve is made non-decreasing: a measured dip (2 tokens timed below 1) is noise or a
 kernel's blocking that a policy must not bet on.
@@ -34,20 +36,34 @@ LLAMACPP_POINTS = ((1, 1.0), (2, 1.7), (4, 2.6), (8, 3.8), (16, 5.7), (32, 9.0))
 
 
 def interpolated(points: Sequence[tuple[int, float]]) -> CostCurve:
-    """A curve through (n, cost) points, linear between them, flat beyond the last."""
+    """A curve through (n, cost) points, linear between them and beyond the last (its last slope)."""
 
     def cost(n: int) -> float:
         for (n0, c0), (n1, c1) in zip(points, points[1:]):
             if n <= n1:
                 return c0 + (c1 - c0) * (max(n, n0) - n0) / (n1 - n0)
-        return points[-1][1]
+        (n0, c0), (n1, c1) = points[-2:]
+        return c1 + (c1 - c0) * (n - n1) / (n1 - n0)
 
     return cost
 
 
-def backend_cost(backend: str) -> CostCurve:
-    """The built-in curve of a backend ("torch", "llamacpp")."""
-    return interpolated(LLAMACPP_POINTS) if backend == "llamacpp" else default_cost
+def split_cost(curve: CostCurve, rows: int) -> CostCurve:
+    """`curve` for a runner that decodes at most `rows` rows at a time (llama.cpp's
+    `invariant_rows`): n new tokens cost n // rows full decodes and one of the rest."""
+
+    def cost(n: int) -> float:
+        full, rest = divmod(n, rows)
+        return full * curve(rows) + (curve(rest) if rest else 0.0)
+
+    return cost
+
+
+def backend_cost(runner) -> CostCurve:
+    """The built-in curve of a runner's backend ("torch", "llamacpp"; None: torch's)."""
+    if getattr(runner, "backend", "torch") != "llamacpp":
+        return default_cost
+    return split_cost(interpolated(LLAMACPP_POINTS), runner.invariant_rows)
 
 
 def monotone(ns: Sequence[int], ms: Sequence[float]) -> CostCurve:
@@ -68,8 +84,9 @@ def profile_cost(profile, context: int = 512) -> CostCurve:
     return monotone(profile.ks, [profile.cost(k, context) for k in profile.ks])
 
 
-def time_forwards(runner, context: int, ks: Sequence[int], repeats: int = 3, progress=None) -> list[float]:
-    """Median ms of a forward over k new tokens after `context` tokens, for each k in `ks`.
+def time_forwards(runner, context: int, ks: Sequence[int], repeats: int = 3, progress=None, best: bool = False) -> list[float]:
+    """Median (or with `best`, least) ms of a forward over k new tokens after `context` tokens,
+    for each k in `ks`.
 
     Opens a sequence of its own, fills it with `context` tokens, times each k (one warm-up
     forward first) rolling back after each, and closes it."""
@@ -87,7 +104,7 @@ def time_forwards(runner, context: int, ks: Sequence[int], repeats: int = 3, pro
                 runner.forward(seq, tokens, num_logits=k)
                 times.append((time.perf_counter() - t) * 1000)
                 runner.truncate(seq, context)
-            row.append(statistics.median(times[1:]))
+            row.append(min(times[1:]) if best else statistics.median(times[1:]))
             if progress is not None:
                 progress(k)
         return row
@@ -96,7 +113,13 @@ def time_forwards(runner, context: int, ks: Sequence[int], repeats: int = 3, pro
 
 
 def measured_cost(runner, max_n: int, context: int = 256, repeats: int = 3) -> CostCurve:
-    """The loaded model's own curve for 1..max_n new tokens, timed now (cost_profile="auto")."""
+    """The loaded model's own curve for 1..max_n new tokens, timed now (cost_profile="auto"):
+    n = 1, 2, 3, 4, 6, 8, 12, 16, ... up to max_n, best of `repeats` each (the least disturbed
+    timing on a shared machine), linear between them."""
     context = max(0, min(context, runner.max_context - max_n))
-    ns = list(range(1, max_n + 1))
-    return monotone(ns, time_forwards(runner, context, ns, repeats))
+    ns = sorted({n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if n < max_n} | {max_n})
+    ms = time_forwards(runner, context, ns, repeats, best=True)
+    relative = [max(t / ms[0], 1.0) for t in ms]
+    for i in range(1, len(relative)):
+        relative[i] = max(relative[i], relative[i - 1])  # non-decreasing
+    return interpolated(list(zip(ns, relative)))

@@ -4,8 +4,9 @@
 One llama.cpp context holds every open sequence: a sequence is a llama.cpp `seq_id` in one
 unified KV cache. A forward (or a ragged batch of several sequences' tokens) is one
 `llama_decode` of a batch that asks for logits exactly at the rows that need them; a truncate is
-`llama_memory_seq_rm(seq, length, -1)`, O(1) bookkeeping in llama.cpp's cells. Batches larger
-than the context's `n_batch` are split into several decodes.
+`llama_memory_seq_rm(seq, length, -1)`, O(1) bookkeeping in llama.cpp's cells. Prompts longer
+than the context's `n_batch` are split into several decodes, and so are verifications larger
+than `invariant_rows` (below).
 
 Tokenisation stays ours (`Tokenizer` from the GGUF, as for the torch backend): llama.cpp sees token
 ids only, so both backends see the same prompts. `weights_format` converts the shipped GGUF once
@@ -21,16 +22,22 @@ Two choices make them agree:
   merges the partial sums: other rounding than the one-pass path every multi-row batch takes, up
   to 0.9 in a logit here. With a quantised cache every decode takes the one-pass path.
 - Decodes that want logits at every row (verification, decoding steps) hold at most
-  `invariant_rows` rows, measured at load (`probe_invariant_rows`): some weight formats switch
-  matrix kernels with the number of rows (Gemma 3's Q4_K_M at 5 rows here; Q4_1 and Q8_0 not
-  up to 32), and a larger verification is split into several decodes. Prompt processing goes in
-  n_batch chunks, the same for plain and speculative decoding.
+  `invariant_rows` rows, measured once per model file, format, thread count and machine
+  (`probe_invariant_rows`, cached on disk): some weight formats switch matrix kernels with the
+  number of rows (Gemma 3's Q4_K_M from 4 rows on here; Q4_1 and Q8_0 not up to 32), and a
+  larger verification is split into several decodes. Prompt processing goes in n_batch chunks,
+  the same for plain and speculative decoding.
+Checked here at contexts of 700 tokens (tests/test_llamacpp_backend.py); with the quantised
+cache no attention path depends on the context length, and matrix kernels depend on shapes only.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
+import os
+import platform
 from pathlib import Path
 
 import numpy as np
@@ -45,7 +52,7 @@ log = logging.getLogger("verispec")
 
 WEIGHT_FORMATS = ("Q8_0", "F16", "F32")
 DEFAULT_CONTEXT = 8192  # cells of the shared KV cache unless max_context asks otherwise
-PROBE_ROWS = (2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32)  # decode sizes probe_invariant_rows checks, in order
+PROBE_ROWS = 32  # probe_invariant_rows checks decodes of 2, 3, ..., this many rows
 
 
 def _llama_cpp():
@@ -129,6 +136,7 @@ class LlamaCppRunner:
         self._free = list(range(max_sequences - 1, -1, -1))
         self._lengths: dict[int, int] = {}
         self._capacity: dict[int, int] = {}
+        self.threads = cp.n_threads
         self.invariant_rows = self.probe_invariant_rows()  # sets it
 
     # -- the ModelRunner verbs ----------------------------------------------------------------
@@ -162,9 +170,12 @@ class LlamaCppRunner:
                     raise IndexError(f"token id {tok} outside the vocabulary [0, {self.vocab_size})")
                 rows.append((it.seq, tok, start + j, i if j >= first_logit else -1))
         logits: list[list[np.ndarray]] = [[] for _ in items]
-        # decoding and verification (logits at every row): decodes the kernels treat row by row alike
+        # decoding and verification (logits at every row): decodes the kernels treat row by row
+        # alike. A prompt goes in n_batch chunks: no caller mixes a prompt with decoding steps in
+        # one batch (the scheduler prefills a request alone), which would put the steps' rows in
+        # n_batch chunks too.
         every_row = all(it.num_logits == len(it.tokens) for it in items)
-        size = self.invariant_rows if every_row else self.n_batch
+        size = min(self.invariant_rows, self.n_batch) if every_row else self.n_batch
         for begin in range(0, len(rows), size):
             chunk = rows[begin : begin + size]
             self._decode(chunk)
@@ -214,22 +225,33 @@ class LlamaCppRunner:
         return per_token * sum(list(self._lengths.values()))
 
     def probe_invariant_rows(self) -> int:
-        """The most rows (up to 32) a decode may hold while every row still gets exactly the logits
-        a one-row decode gives it, measured on this model, format and machine.
+        """The most rows (up to PROBE_ROWS) a decode may hold while every row still gets exactly
+        the logits a one-row decode gives it, on this model file, format, thread count and machine.
 
         Decodes a short synthetic sequence one token at a time, then the same tokens 2, 3, 4, ...
-        rows at once (PROBE_ROWS, stopping at the first that differs). Kernel choices depend on
-        shapes, not values, so one probe answers for every sequence. About 0.5 s for Gemma 3 270M."""
+        rows at once, stopping at the first size that differs. Kernel choices depend on shapes,
+        not values, so one probe answers for every sequence; the answer is cached on disk
+        (llamacpp-probes.json next to the converted weights; measured here in 0.6 s for Gemma 3's Q4_K_M, 2.9 s for SmolLM2, which passes every size)."""
+        key = self._probe_key()
+        memo = cache_root() / "llamacpp-probes.json"
+        try:
+            known = json.loads(memo.read_text())
+        except (OSError, ValueError):
+            known = {}
+        if key in known:
+            self.invariant_rows = int(known[key])
+            return self.invariant_rows
         self.invariant_rows = 1
         vocab = min(self.vocab_size, 1000)
         prefix = [(i * 7919) % vocab for i in range(8)]
-        tokens = [(i * 31 + 7) % vocab for i in range(max(PROBE_ROWS))]
-        seq = self.open(len(prefix) + len(tokens))
+        limit = max(1, min(PROBE_ROWS, self.n_batch, self.max_context - len(prefix)))
+        tokens = [(i * 31 + 7) % vocab for i in range(limit)]
+        seq = self.open(len(prefix) + limit)
+        best = 1
         try:
             self.forward(seq, prefix)
-            alone = torch.cat([self.forward(seq, [t]).logits for t in tokens])  # [32, vocab]
-            best = 1
-            for n in PROBE_ROWS:
+            alone = torch.cat([self.forward(seq, [t]).logits for t in tokens])  # [limit, vocab]
+            for n in range(2, limit + 1):
                 self.truncate(seq, len(prefix))
                 self.invariant_rows = n
                 if not torch.equal(self.forward(seq, tokens[:n], num_logits=n).logits, alone[:n]):
@@ -237,9 +259,30 @@ class LlamaCppRunner:
                 best = n
         finally:
             self.close(seq)
-        self.invariant_rows = best
+            self.invariant_rows = best
+        known[key] = best
+        try:
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            tmp = memo.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(known, indent=1))
+            tmp.replace(memo)
+        except OSError as e:  # a read-only cache: measure again next time
+            log.warning("could not cache the llama.cpp probe in %s: %s", memo, e)
         log.info("llama.cpp decodes of up to %d rows give each row its one-row logits", best)
         return best
+
+    def _probe_key(self) -> str:
+        st = self.path.stat()
+        cpu = platform.processor() or platform.machine()
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+        except OSError:
+            pass
+        version = getattr(self._L, "__version__", "?")
+        return f"{self.path.resolve()}:{st.st_size}:{st.st_mtime_ns}|llama-cpp-python {version}|{self.threads} threads|{cpu}"
 
     # -- internals ----------------------------------------------------------------------------
     def _decode(self, rows: list[tuple[int, int, int, int]]) -> None:

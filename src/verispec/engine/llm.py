@@ -56,8 +56,7 @@ def build_policy(spec: SpeculativeConfig, draft_cost: float = 0.0, runner=None) 
     """The speculation-length policy the configuration asks for, on `runner`'s cost curve:
     a profile file, "auto" (timed now on the runner), or the runner's backend's built-in curve."""
     k = spec.num_speculative_tokens if spec.method else 0
-    backend = getattr(runner, "backend", "torch")
-    cost = backend_cost(backend)
+    cost = backend_cost(runner)
     if spec.cost_profile == "auto":
         if runner is None:
             raise ConfigError('cost_profile "auto" needs the loaded model to time')

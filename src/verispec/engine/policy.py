@@ -2,10 +2,11 @@
 not pay.
 
 A step that verifies k draft tokens costs the target a forward over k + 1 tokens, `cost(k + 1)`
-in units of a one-token forward, plus k draft tokens at `draft_cost` + `DRAFT_OVERHEAD` each (the drafter's own
+in units of a one-token forward (engine/costs.py: the backend's built-in curve, a profile, or
+timed at start-up), plus k draft tokens at `draft_cost` + `DRAFT_OVERHEAD` each (the drafter's own
 estimate, `Proposer.relative_cost`: 0 for prompt lookup, the draft model's weight bytes over the
-target's for draft_model; fixed, not timed, so a seeded request's k choices -- and with them its
-sampled tokens -- are reproducible). With a per-token acceptance
+target's for draft_model; fixed, not timed, so with a fixed cost curve a seeded request's k
+choices -- and with them its sampled tokens -- are reproducible). With a per-token acceptance
 rate a, the step yields on average
 
     E(k) = 1 + a + a^2 + ... + a^k = (1 - a^(k+1)) / (1 - a)

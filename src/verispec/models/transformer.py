@@ -74,7 +74,7 @@ class RopeTable:
         self.sin = torch.empty(0, head_dim)
 
     def get(self, start: int, end: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin of positions start..end-1: [T, head_dim] each."""
+        """cos, sin of positions start..end-1: [T, head_dim] each (sin with its first half negated)."""
         if end > self.cos.shape[0]:
             n = max(end, 2 * self.cos.shape[0], 256)
             freqs = torch.arange(n, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
@@ -277,16 +277,18 @@ class Transformer:
 
         q [T, heads, D]; keys, values [kv_heads, S, D]; mask [T, S] additive or None -> [T, heads * D].
         Query heads h*g .. h*g+g-1 share kv head h (g = heads / kv_heads), as in HF.
-        One query row (decoding): SDPA, one call. A few rows (verification): two batched matmuls
-        with the scale folded into q, which beat SDPA's CPU kernels there (measured at 512 keys:
-        2 rows 67 vs 78 us, 5 rows 110 vs 119). Many rows (prompt processing): SDPA's flash
-        kernel, causal without a mask when the prompt starts the sequence.
+        Up to 47 rows (decoding, verification): two batched matmuls with the scale folded into q,
+        which beat SDPA's CPU kernels there (measured at 512 keys: 2 rows 67 vs 78 us, 5 rows 110
+        vs 119; one row 56 vs 47, kept on this path anyway so that a plain decoding step and a
+        verification compute a row's attention the same way, the mask adding exact zeros). Many
+        rows (prompt processing): SDPA's flash kernel, causal without a mask when the prompt
+        starts the sequence.
         """
         T, H, D = q.shape
         kvh = keys.shape[0]
-        if T == 1 or T >= 48:
+        if T >= 48:
             # the plain causal square (a prompt that starts the sequence, within any window)
-            causal = T > 1 and keys.shape[1] == T and (T <= (self.config.sliding_window or T) or not self._has_sliding)
+            causal = keys.shape[1] == T and (T <= (self.config.sliding_window or T) or not self._has_sliding)
             out = F.scaled_dot_product_attention(
                 q.transpose(0, 1)[None],  # [1, heads, T, D]
                 keys[None],

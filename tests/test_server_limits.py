@@ -122,3 +122,4 @@ def test_load_script_smoke(tiny_dir, capsys, tmp_path):
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[2] == "4" and cells[3] == "0" and float(cells[4]) > 0  # requests, errors, tokens/s
     assert out.count("overhead") == 2
+    assert f"verispec serve --model {model} --backend torch`" in out

@@ -36,6 +36,8 @@ def add_load_parser(sub) -> None:
     p.add_argument("--questions", default=None, help="Spec-Bench question.jsonl (default: ../shared/data/spec_bench)")
     p.add_argument("--overhead", action="store_true", help="also measure the server against the library at concurrency 1")
     p.add_argument("--k", type=int, default=4, help="draft tokens per step (default: 4)")
+    p.add_argument("--backend", default="torch", help="the server's backend: torch or llamacpp (default: torch)")
+    p.add_argument("--weights-format", default=None, help="llamacpp: Q8_0, F16 or F32 (default: the GGUF as shipped)")
 
 
 @dataclass
@@ -111,8 +113,10 @@ def server_process(*args: str, timeout: float = 600.0):
             proc.kill()
 
 
-def _server(model: str, method: str, k: int):
-    args = ["--model", model, "--served-model-name", "m"]
+def _server(model: str, method: str, k: int, backend: str = "torch", weights_format: str | None = None):
+    args = ["--model", model, "--served-model-name", "m", "--backend", backend]
+    if weights_format:
+        args += ["--weights-format", weights_format]
     if method != "plain":
         args += ["--method", method, "--k", str(k)]
     return server_process(*args)
@@ -161,14 +165,15 @@ def _conversations(path: str | None, n: int) -> list[list[dict]]:
     return [[{"role": "user", "content": q["turns"][0]}] for q in questions]
 
 
-def _overhead(base: str, model: str, method: str, k: int, conversations: list, max_tokens: int) -> tuple[float, float]:
+def _overhead(base: str, model: str, method: str, k: int, conversations: list, max_tokens: int,
+              backend: str = "torch", weights_format: str | None = None) -> tuple[float, float]:
     """Tokens/s of the library and of the server at concurrency 1, alternating per prompt."""
     import openai
 
     from verispec import LLM, SamplingParams
 
     spec = {"method": method, "num_speculative_tokens": k} if method != "plain" else None
-    llm = LLM(model, speculative=spec)
+    llm = LLM(model, speculative=spec, backend=backend, weights_format=weights_format)
     client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=600)
     lib_tokens = lib_time = srv_tokens = srv_time = 0.0
     for messages in conversations:
@@ -189,14 +194,15 @@ def run(args: argparse.Namespace) -> int:
     results: list[Level] = []
     overheads: dict[str, tuple[float, float]] = {}
     for method in args.methods.split(","):
-        with _server(args.model, method, args.k) as base:
+        with _server(args.model, method, args.k, args.backend, args.weights_format) as base:
             asyncio.run(_level(base, method, 1, conversations[:2], 8, 60))  # warm-up, not reported
             for c in levels:
                 level = asyncio.run(_level(base, method, c, conversations, args.max_tokens, args.time_limit))
                 results.append(level)
                 print(_row(level), file=sys.stderr, flush=True)
             if args.overhead:
-                overheads[method] = _overhead(base, args.model, method, args.k, conversations[: min(8, len(conversations))], args.max_tokens)
+                overheads[method] = _overhead(base, args.model, method, args.k, conversations[: min(8, len(conversations))],
+                                              args.max_tokens, args.backend, args.weights_format)
     print(report(args, results, overheads))
     return 0
 
@@ -213,7 +219,9 @@ def _row(level: Level) -> str:
 
 def report(args: argparse.Namespace, results: list[Level], overheads: dict[str, tuple[float, float]]) -> str:
     lines = [
-        f"Load test of `verispec serve --model {args.model}` on loopback: up to {args.requests} Spec-Bench chat "
+        f"Load test of `verispec serve --model {args.model} --backend {args.backend}"
+        + (f" --weights-format {args.weights_format}" if args.weights_format else "")
+        + f"` on loopback: up to {args.requests} Spec-Bench chat "
         f"requests per level, {args.max_tokens} new tokens each, greedy, streamed.",
         "",
         "| method | concurrency | requests | errors | tokens/s | TTFT s p50 / p90 / p99 | latency s p50 / p90 / p99 |",

@@ -66,12 +66,19 @@ def backend_cost(runner) -> CostCurve:
     return split_cost(interpolated(LLAMACPP_POINTS), runner.invariant_rows)
 
 
-def monotone(ns: Sequence[int], ms: Sequence[float]) -> CostCurve:
-    """A curve from times `ms` of forwards over `ns` new tokens (ns[0] == 1): relative to one token,
-    non-decreasing, the nearest measured n answering for any other."""
+def relative(ms: Sequence[float]) -> list[float]:
+    """Times of forwards over increasing numbers of new tokens (the first over one) in units of the
+    first, never below 1 and non-decreasing."""
     curve: list[float] = []
     for t in ms:
         curve.append(max([t / ms[0], *curve[-1:], 1.0]))
+    return curve
+
+
+def monotone(ns: Sequence[int], ms: Sequence[float]) -> CostCurve:
+    """A curve from times `ms` of forwards over `ns` new tokens (ns[0] == 1): relative to one token,
+    non-decreasing, the nearest measured n answering for any other."""
+    curve = relative(ms)
 
     def cost(n: int) -> float:
         return curve[min(range(len(ns)), key=lambda i: abs(ns[i] - n))]
@@ -118,8 +125,4 @@ def measured_cost(runner, max_n: int, context: int = 256, repeats: int = 3) -> C
     timing on a shared machine), linear between them."""
     context = max(0, min(context, runner.max_context - max_n))
     ns = sorted({n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if n < max_n} | {max_n})
-    ms = time_forwards(runner, context, ns, repeats, best=True)
-    relative = [max(t / ms[0], 1.0) for t in ms]
-    for i in range(1, len(relative)):
-        relative[i] = max(relative[i], relative[i - 1])  # non-decreasing
-    return interpolated(list(zip(ns, relative)))
+    return interpolated(list(zip(ns, relative(time_forwards(runner, context, ns, repeats, best=True)))))

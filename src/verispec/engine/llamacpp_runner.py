@@ -34,9 +34,7 @@ cache no attention path depends on the context length, and matrix kernels depend
 from __future__ import annotations
 
 import ctypes
-import json
 import logging
-import os
 import platform
 from pathlib import Path
 
@@ -45,7 +43,7 @@ import torch
 
 from verispec.engine.runner import BatchItem
 from verispec.errors import ConfigError, ContextLengthError, UnsupportedModelError
-from verispec.models.loaders import cache_root, file_sha256, load_gguf_meta
+from verispec.models.loaders import cache_root, file_key, file_sha256, load_gguf_meta, memoised
 from verispec.models.transformer import ForwardOutput
 
 log = logging.getLogger("verispec")
@@ -232,15 +230,11 @@ class LlamaCppRunner:
         rows at once, stopping at the first size that differs. Kernel choices depend on shapes,
         not values, so one probe answers for every sequence; the answer is cached on disk
         (llamacpp-probes.json next to the converted weights; measured here in 0.6 s for Gemma 3's Q4_K_M, 2.9 s for SmolLM2, which passes every size)."""
-        key = self._probe_key()
-        memo = cache_root() / "llamacpp-probes.json"
-        try:
-            known = json.loads(memo.read_text())
-        except (OSError, ValueError):
-            known = {}
-        if key in known:
-            self.invariant_rows = int(known[key])
-            return self.invariant_rows
+        self.invariant_rows = int(memoised("llamacpp-probes.json", self._probe_key(), self._measure_invariant_rows))
+        log.info("llama.cpp decodes of up to %d rows give each row its one-row logits", self.invariant_rows)
+        return self.invariant_rows
+
+    def _measure_invariant_rows(self) -> int:
         self.invariant_rows = 1
         vocab = min(self.vocab_size, 1000)
         prefix = [(i * 7919) % vocab for i in range(8)]
@@ -260,19 +254,9 @@ class LlamaCppRunner:
         finally:
             self.close(seq)
             self.invariant_rows = best
-        known[key] = best
-        try:
-            memo.parent.mkdir(parents=True, exist_ok=True)
-            tmp = memo.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(known, indent=1))
-            tmp.replace(memo)
-        except OSError as e:  # a read-only cache: measure again next time
-            log.warning("could not cache the llama.cpp probe in %s: %s", memo, e)
-        log.info("llama.cpp decodes of up to %d rows give each row its one-row logits", best)
         return best
 
     def _probe_key(self) -> str:
-        st = self.path.stat()
         cpu = platform.processor() or platform.machine()
         try:
             for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -282,7 +266,7 @@ class LlamaCppRunner:
         except OSError:
             pass
         version = getattr(self._L, "__version__", "?")
-        return f"{self.path.resolve()}:{st.st_size}:{st.st_mtime_ns}|llama-cpp-python {version}|{self.threads} threads|{cpu}"
+        return f"{file_key(self.path)}|llama-cpp-python {version}|{self.threads} threads|{cpu}"
 
     # -- internals ----------------------------------------------------------------------------
     def _decode(self, rows: list[tuple[int, int, int, int]]) -> None:

@@ -112,27 +112,45 @@ def load_hf_folder(path: Path) -> LoadedModel:
 _GGUF_ARCHS = {"llama", "mistral", "qwen2", "qwen3", "gemma3"}
 
 
-def file_sha256(path: Path) -> str:
-    """SHA-256 of a file, memoised on (path, size, mtime) so repeated loads skip the hashing."""
+def file_key(path: Path) -> str:
+    """A file's identity for on-disk memos: its resolved path, size and modification time."""
     st = path.stat()
-    memo = cache_root() / "hashes.json"
-    key = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+    return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def memoised(name: str, key: str, compute):
+    """`compute()` once per key, remembered in cache_root()/name (a JSON object, replaced atomically).
+
+    A cache that cannot be written is reported and skipped: the value is computed again next time."""
+    memo = cache_root() / name
     try:
         known = json.loads(memo.read_text())
     except (OSError, ValueError):
         known = {}
     if key in known:
         return known[key]
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    known[key] = h.hexdigest()
-    memo.parent.mkdir(parents=True, exist_ok=True)
-    tmp = memo.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(known))
-    tmp.replace(memo)
-    return known[key]
+    known[key] = value = compute()
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(known, indent=1))
+        tmp.replace(memo)
+    except OSError as e:
+        _log(f"could not write {memo}: {e}")
+    return value
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file, memoised on (path, size, mtime) so repeated loads skip the hashing."""
+
+    def digest() -> str:
+        h = hashlib.sha256()
+        with path.open("rb") as f:
+            while block := f.read(1 << 22):
+                h.update(block)
+        return h.hexdigest()
+
+    return memoised("hashes.json", file_key(path), digest)
 
 
 def load_gguf(path: Path) -> LoadedModel:

@@ -132,6 +132,13 @@ class EngineConfig:
     dtype: str = opt("float32", "weight and activation precision: float32 or bfloat16")
     max_model_len: int | None = opt(None, "cap on prompt + generated tokens (default: the model's context)")
     num_threads: int | None = opt(None, "torch CPU threads (default: torch's choice)")
+    batch_invariant: bool = opt(
+        True,
+        "torch backend: compute every decoding and verification row with the kernels and shapes of a "
+        "one-token decode, so speculative and batched outputs are bit-identical to plain decoding "
+        "(verification costs one pass over the weights per 2-3 rows); off: one pass per forward, "
+        "rows agree only to ~1e-5 (the llamacpp backend is always batch-invariant)",
+    )
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
     def __post_init__(self) -> None:
@@ -141,6 +148,8 @@ class EngineConfig:
             raise ConfigError(f"weights_format (Q8_0, F16 or F32) needs backend llamacpp, got {self.weights_format!r} on {self.backend}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if not isinstance(self.batch_invariant, bool):
+            raise ConfigError(f"batch_invariant must be true or false, got {self.batch_invariant!r}")
         for name in ("max_model_len", "num_threads"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

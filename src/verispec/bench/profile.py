@@ -89,6 +89,7 @@ def linear_floor_ms(runner, repeats: int = 10, project=None) -> float:
 def run_profiles(model: str, backends: list[str], out: Path) -> int:
     """Profile each backend[:format]; print the tables and save cost_profile-<backend>.json each."""
     from verispec import LLM
+    from verispec.bench.run import family_options
 
     bandwidth = measure_bandwidth()
     print(f"memory read bandwidth: {bandwidth:.1f} GB/s", file=sys.stderr)
@@ -96,10 +97,10 @@ def run_profiles(model: str, backends: list[str], out: Path) -> int:
     profiles = []
     for spec in backends:
         backend, _, fmt = spec.partition(":")
-        llm = LLM(model, backend=backend, weights_format=fmt or None)
+        llm = LLM(model, **family_options(spec))
         profile = measure(llm, model)
         profile.backend = backend
-        profile.weights_format = fmt or ("float32" if backend == "torch" else "as shipped")
+        profile.weights_format = ("float32" + (", batch_invariant off" if fmt == "fast" else "")) if backend == "torch" else (fmt or "as shipped")
         profile.weight_bytes = llm.runner.weight_bytes
         profile.bandwidth_gbs = bandwidth
         if backend == "torch":

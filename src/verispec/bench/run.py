@@ -79,17 +79,30 @@ def split_family(name: str) -> tuple[str, str]:
     return base, family
 
 
+def family_options(family: str) -> dict:
+    """LLM options of a backend[:format] name: 'llamacpp:Q8_0' -> backend llamacpp, weights Q8_0;
+    'torch' (batch-invariant, the default), 'torch:fast' -> torch with batch_invariant off."""
+    from verispec.errors import ConfigError
+
+    backend, _, fmt = family.partition(":")
+    if backend != "torch":
+        return {"backend": backend, "weights_format": fmt or None}
+    if fmt not in ("", "fast"):
+        raise ConfigError(f"unknown torch variant {family!r}: 'torch' or 'torch:fast' (batch_invariant off)")
+    return {"batch_invariant": fmt != "fast"}
+
+
 def family_llm(cfg: BenchConfig, llm, family: str, llms: dict):
-    """Our engine on a backend (and weights format): 'llamacpp', 'llamacpp:Q8_0'; '' = the torch one."""
-    if not family:
+    """Our engine on a backend (and weights format): 'llamacpp', 'llamacpp:Q8_0'; '' = the torch one
+    (batch-invariant, the default); 'torch:fast' = torch with batch_invariant off."""
+    if not family or family == "torch":
         return llm
     if family not in llms:
         from verispec import LLM
         from verispec.errors import ConfigError
 
-        backend, _, fmt = family.partition(":")
         try:
-            llms[family] = LLM(cfg.model, backend=backend, weights_format=fmt or None)
+            llms[family] = LLM(cfg.model, **family_options(family))
         except ConfigError as e:
             raise Unavailable(str(e)) from e
     return llms[family]

@@ -29,6 +29,20 @@ def default_cost(n: int) -> float:
     return 1.0 + 0.15 * (n - 1)
 
 
+# The torch backend with batch_invariant on (models/transformer.py): rows go through the weights in
+# products of 1-3 rows (`invariant_chunks`). Measured here at 512 of context (ms, SmolLM2 / Gemma 3):
+# n = 1: 16.0 / 24.3, 2: 18.5 / 26.7, 3: 24.9 / 38.6, 5: 40.1 / 62.7, 8: 61.9 / 100.7, so a product
+# of 2 rows costs ~1.1 one-row forwards and one of 3 rows ~1.55.
+INVARIANT_CHUNK_COST = {1: 1.0, 2: 1.1, 3: 1.55}
+
+
+def invariant_cost(n: int) -> float:
+    """The torch backend's built-in curve with batch_invariant on: the sum of its products' costs."""
+    from verispec.models.transformer import invariant_chunks
+
+    return max(1.0, sum(INVARIANT_CHUNK_COST[c] for c in invariant_chunks(n)))
+
+
 # llama.cpp on this CPU (SmolLM2, ms for n new tokens after 512 of context, `verispec bench --profile`,
 # docs/results/profile-smollm2-135m): Q4_1 2: 1.7x, 4: 2.6x, 8: 4.0x; Q8_0 1.8x / 3.0x / 3.8x; F16 2.1x /
 # 2.6x / 4.1x; 16 tokens ~5-7x. One curve for every format, from the flattest of them at each n.
@@ -62,7 +76,7 @@ def split_cost(curve: CostCurve, rows: int) -> CostCurve:
 def backend_cost(runner) -> CostCurve:
     """The built-in curve of a runner's backend ("torch", "llamacpp"; None: torch's)."""
     if getattr(runner, "backend", "torch") != "llamacpp":
-        return default_cost
+        return invariant_cost if getattr(runner, "batch_invariant", False) else default_cost
     return split_cost(interpolated(LLAMACPP_POINTS), runner.invariant_rows)
 
 

@@ -34,8 +34,10 @@ def build_runner(
     max_context: int | None = None,
     backend: str = "torch",
     weights_format: str | None = None,
+    batch_invariant: bool = False,
 ):
-    """A ModelRunner for `model` on the chosen backend."""
+    """A ModelRunner for `model` on the chosen backend (`batch_invariant`: see EngineConfig; the
+    llama.cpp runner always is)."""
     if backend == "llamacpp":
         from verispec.engine.llamacpp_runner import LlamaCppRunner
         from verispec.models.registry import resolve
@@ -49,7 +51,8 @@ def build_runner(
     loaded = load_model(model)
     if isinstance(dtype, str):
         dtype = _DTYPES[dtype]
-    return TorchRunner(loaded.config, loaded.weights, loaded.tokenizer, dtype=dtype, max_context=max_context)
+    return TorchRunner(loaded.config, loaded.weights, loaded.tokenizer, dtype=dtype, max_context=max_context,
+                       batch_invariant=batch_invariant)
 
 
 def build_policy(spec: SpeculativeConfig, draft_cost: float = 0.0, runner=None) -> SpeculationPolicy:
@@ -128,7 +131,7 @@ class LLM:
         if self.config.num_threads:
             torch.set_num_threads(self.config.num_threads)
         c = self.config
-        self.runner = build_runner(model, c.dtype, c.max_model_len, c.backend, c.weights_format)
+        self.runner = build_runner(model, c.dtype, c.max_model_len, c.backend, c.weights_format, c.batch_invariant)
         self.tokenizer = self.runner.tokenizer
         proposer = create_proposer(spec, self.runner) if spec.method else None
         policy = build_policy(spec, getattr(proposer, "relative_cost", 0.0), self.runner)

@@ -60,11 +60,12 @@ class TorchRunner:
     backend = "torch"
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], tokenizer: Tokenizer,
-                 dtype: torch.dtype = torch.float32, max_context: int | None = None) -> None:
+                 dtype: torch.dtype = torch.float32, max_context: int | None = None, batch_invariant: bool = False) -> None:
         if dtype != torch.float32:
             weights = {k: v.to(dtype) for k, v in weights.items()}
         self.dtype = dtype
-        self.model = Transformer(config, weights)
+        self.model = Transformer(config, weights, batch_invariant=batch_invariant)
+        self.batch_invariant = batch_invariant
         self.config = config
         self.tokenizer = tokenizer
         self.vocab_size = config.vocab_size

@@ -27,6 +27,16 @@ SmolLM2's 121 fused projections, ms for T rows (noisy machine, best of 4):
     T            1     2     4     8     16
     F.linear     48   103    89    92   111
     W @ x^T      31*   28    42    66    72      (* one row padded to two)
+
+Batch invariance (`batch_invariant=True`): MKL computes a column of `W @ x^T` with the same
+arithmetic as a one-row product only while the product has at most 3 columns (from 4 on it
+switches kernels: results move by ~1e-5), and torch's softmax rounds a row differently when
+masked columns follow it. So in this mode every row that wants its logits (decoding and
+verification rows) is computed with the shapes of a one-token decode: projections in chunks
+of 2-3 rows (`invariant_chunks`), attention one row at a time over exactly the keys it sees.
+A verified draft, a request decoded beside others in the server's batch and a plain decoding
+step then give bit-identical logits for the same row (tests/test_batch_invariance.py); the
+price is one pass over the weights per 2-3 verified rows instead of one per forward.
 """
 
 from __future__ import annotations
@@ -117,6 +127,23 @@ def _project(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None)
     return (y + bias) if bias is not None else y.contiguous()
 
 
+def invariant_chunks(n: int) -> list[int]:
+    """Row counts of the products a batch-invariant forward splits n rows into: 3s, with a
+    remaining 4 as 2 + 2 (a 1-row product costs what a 2-row one does): 5 -> [3, 2], 8 -> [3, 3, 2]."""
+    sizes = []
+    while n > 4:
+        sizes.append(3)
+        n -= 3
+    return sizes + ({4: [2, 2]}.get(n, [n] if n else []))
+
+
+def _project_groups(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, groups: list[int] | None) -> torch.Tensor:
+    """`_project` over row groups of x (sizes summing to x's rows), one product each; None: one product."""
+    if groups is None or len(groups) == 1:
+        return _project(x, w, bias)
+    return torch.cat([_project(part, w, bias) for part in x.split(groups)])
+
+
 @dataclass
 class ForwardOutput:
     logits: torch.Tensor  # [n_logits, vocab] float32
@@ -139,13 +166,15 @@ class _Span:
     start: int  # first new position in its sequence
     end: int  # one past the last
     masks: dict  # per layer kind: (first key position, mask [T, S] or None)
+    rowwise: bool = False  # batch-invariant decoding rows: attention one row at a time
 
 
 class Transformer:
     """A decoder: tokens in, logits out, keys/values written to each sequence's KVCache."""
 
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor]) -> None:
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], batch_invariant: bool = False) -> None:
         self.config = config
+        self.batch_invariant = batch_invariant
         c = config
         w = weights
         self.embed = w["embed.weight"]  # [vocab, hidden]
@@ -223,8 +252,10 @@ class Transformer:
             T, start = s.tokens.shape[0], s.cache.length
             if start + T > s.cache.capacity:
                 raise IndexError(f"sequence of {start + T} tokens exceeds its cache capacity {s.cache.capacity}")
-            spans.append(_Span(row, start, start + T, self._masks(start, start + T, T)))
+            rowwise = self.batch_invariant and T > 1 and s.num_logits == T
+            spans.append(_Span(row, start, start + T, {} if rowwise else self._masks(start, start + T, T), rowwise))
             row += T
+        groups = self._row_groups(segments) if self.batch_invariant else None
         tokens = segments[0].tokens if len(segments) == 1 else torch.cat([s.tokens for s in segments])
         x = F.embedding(tokens, self.embed)  # [N, hidden], N = sum of T
         if c.embed_scale != 1.0:
@@ -234,18 +265,38 @@ class Transformer:
             ropes[True] = self._rope(self.rope_local, spans)
         for i, layer in enumerate(self.layers):
             cos, sin = ropes.get(layer.sliding, ropes[False])  # [N, head_dim] each
-            x = self._layer(i, layer, x, segments, spans, cos, sin)
+            x = self._layer(i, layer, x, segments, spans, cos, sin, groups)
         for s, span in zip(segments, spans):
             s.cache.length = span.end
         h = self._norm(x, self.norm)  # [N, hidden]
         rows = [torch.arange(sp.end - sp.start - s.num_logits, sp.end - sp.start) + sp.row for s, sp in zip(segments, spans)]
         wanted = torch.cat(rows)  # [sum num_logits]
-        logits = _project(h[wanted], self.lm_head).float() if wanted.numel() else h.new_empty(0, c.vocab_size).float()
+        head_groups = invariant_chunks(wanted.numel()) if self.batch_invariant else None
+        logits = _project_groups(h[wanted], self.lm_head, None, head_groups).float() if wanted.numel() else h.new_empty(0, c.vocab_size).float()
         outs = []
         for s, sp, part in zip(segments, spans, logits.split([s.num_logits for s in segments])):
             hidden = h[sp.row : sp.row + sp.end - sp.start] if s.return_hidden else None
             outs.append(ForwardOutput(logits=part, hidden=hidden))
         return outs
+
+    @staticmethod
+    def _row_groups(segments: list[Segment]) -> list[int]:
+        """Batch-invariant projection groups, in row order: rows that want their logits (decoding,
+        verification: a segment whose num_logits == T) in chunks of 2-3 rows, consecutive such
+        segments sharing chunks (a row's result does not depend on its neighbours there); any other
+        segment (a prompt) in one product of its own, as when it runs alone.
+        Example: segments of 1, 1, 1 decoding rows, a 60-token prompt, 5 verification rows ->
+        [3, 60, 3, 2]."""
+        groups: list[int] = []
+        run = 0  # decoding rows waiting to be chunked
+        for s in segments:
+            T = s.tokens.shape[0]
+            if s.num_logits == T:
+                run += T
+                continue
+            groups += invariant_chunks(run) + [T]
+            run = 0
+        return groups + invariant_chunks(run)
 
     def _rope(self, table: RopeTable, spans: list[_Span]) -> tuple[torch.Tensor, torch.Tensor]:
         parts = [table.get(sp.start, sp.end, self.dtype) for sp in spans]
@@ -311,12 +362,20 @@ class Transformer:
         out = torch.bmm(probs, values)  # [kv_heads, g*T, D]
         return out.view(H, T, D).transpose(0, 1).reshape(T, H * D)
 
-    def _layer(self, i, layer: Layer, x, segments: list[Segment], spans: list[_Span], cos, sin) -> torch.Tensor:
+    def _attention_row(self, i: int, layer: Layer, q: torch.Tensor, cache: KVCache, pos: int) -> torch.Tensor:
+        """One query row at position `pos` over exactly the keys it sees, as a one-token decode
+        computes it: q [1, heads, D] -> [1, heads * D]."""
+        window = self.config.sliding_window
+        first = max(0, pos - window + 1) if (layer.sliding and window) else 0
+        keys, values = cache.view(i, first, pos + 1)
+        return self._attention(q, keys, values, None)
+
+    def _layer(self, i, layer: Layer, x, segments: list[Segment], spans: list[_Span], cos, sin, groups=None) -> torch.Tensor:
         c = self.config
         N = x.shape[0]
         # attention: projections over all rows, attention per sequence
         h = self._norm(x, layer.attn_norm)
-        qkv = _project(h, layer.qkv, layer.qkv_bias).view(N, -1, c.head_dim)  # [N, heads + 2 kv, D]
+        qkv = _project_groups(h, layer.qkv, layer.qkv_bias, groups).view(N, -1, c.head_dim)  # [N, heads + 2 kv, D]
         qk, v = qkv[:, : self._qk_heads], qkv[:, self._qk_heads :]
         if layer.qk_norm is not None:
             qk = F.rms_norm(qk, (c.head_dim,), None, c.rms_eps) * layer.qk_norm
@@ -326,18 +385,21 @@ class Transformer:
         for s, sp in zip(segments, spans):
             rows = slice(sp.row, sp.row + sp.end - sp.start)
             s.cache.write(i, sp.start, k[rows].transpose(0, 1), v[rows].transpose(0, 1))
+            if sp.rowwise:
+                outs += [self._attention_row(i, layer, q[r : r + 1], s.cache, p) for r, p in zip(range(rows.start, rows.stop), range(sp.start, sp.end))]
+                continue
             first, attn_mask = sp.masks[layer.sliding]
             keys, values = s.cache.view(i, first, sp.end)  # [kv_heads, S, D]
             outs.append(self._attention(q[rows], keys, values, attn_mask))  # [T, heads * D]
         attn = outs[0] if len(outs) == 1 else torch.cat(outs)
-        attn = _project(attn, layer.o)
+        attn = _project_groups(attn, layer.o, None, groups)
         if layer.post_attn_norm is not None:
             attn = self._norm(attn, layer.post_attn_norm)
         x = x + attn
         # feed-forward
         h = self._norm(x, layer.mlp_norm)
-        gate, up = _project(h, layer.gate_up).chunk(2, dim=-1)
-        mlp = _project(self.act(gate) * up, layer.down)
+        gate, up = _project_groups(h, layer.gate_up, None, groups).chunk(2, dim=-1)
+        mlp = _project_groups(self.act(gate) * up, layer.down, None, groups)
         if layer.post_mlp_norm is not None:
             mlp = self._norm(mlp, layer.post_mlp_norm)
         return x + mlp

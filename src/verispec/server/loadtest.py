@@ -38,6 +38,8 @@ def add_load_parser(sub) -> None:
     p.add_argument("--k", type=int, default=4, help="draft tokens per step (default: 4)")
     p.add_argument("--backend", default="torch", help="the server's backend: torch or llamacpp (default: torch)")
     p.add_argument("--weights-format", default=None, help="llamacpp: Q8_0, F16 or F32 (default: the GGUF as shipped)")
+    p.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=True,
+                   help="torch: the server's batch_invariant option (default: on)")
 
 
 @dataclass
@@ -113,10 +115,13 @@ def server_process(*args: str, timeout: float = 600.0):
             proc.kill()
 
 
-def _server(model: str, method: str, k: int, backend: str = "torch", weights_format: str | None = None):
+def _server(model: str, method: str, k: int, backend: str = "torch", weights_format: str | None = None,
+            batch_invariant: bool = True):
     args = ["--model", model, "--served-model-name", "m", "--backend", backend]
     if weights_format:
         args += ["--weights-format", weights_format]
+    if not batch_invariant:
+        args += ["--no-batch-invariant"]
     if method != "plain":
         args += ["--method", method, "--k", str(k)]
     return server_process(*args)
@@ -166,14 +171,14 @@ def _conversations(path: str | None, n: int) -> list[list[dict]]:
 
 
 def _overhead(base: str, model: str, method: str, k: int, conversations: list, max_tokens: int,
-              backend: str = "torch", weights_format: str | None = None) -> tuple[float, float]:
+              backend: str = "torch", weights_format: str | None = None, batch_invariant: bool = True) -> tuple[float, float]:
     """Tokens/s of the library and of the server at concurrency 1, alternating per prompt."""
     import openai
 
     from verispec import LLM, SamplingParams
 
     spec = {"method": method, "num_speculative_tokens": k} if method != "plain" else None
-    llm = LLM(model, speculative=spec, backend=backend, weights_format=weights_format)
+    llm = LLM(model, speculative=spec, backend=backend, weights_format=weights_format, batch_invariant=batch_invariant)
     client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=600)
     lib_tokens = lib_time = srv_tokens = srv_time = 0.0
     for messages in conversations:
@@ -194,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
     results: list[Level] = []
     overheads: dict[str, tuple[float, float]] = {}
     for method in args.methods.split(","):
-        with _server(args.model, method, args.k, args.backend, args.weights_format) as base:
+        with _server(args.model, method, args.k, args.backend, args.weights_format, args.batch_invariant) as base:
             asyncio.run(_level(base, method, 1, conversations[:2], 8, 60))  # warm-up, not reported
             for c in levels:
                 level = asyncio.run(_level(base, method, c, conversations, args.max_tokens, args.time_limit))
@@ -202,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
                 print(_row(level), file=sys.stderr, flush=True)
             if args.overhead:
                 overheads[method] = _overhead(base, args.model, method, args.k, conversations[: min(8, len(conversations))],
-                                              args.max_tokens, args.backend, args.weights_format)
+                                              args.max_tokens, args.backend, args.weights_format, args.batch_invariant)
     print(report(args, results, overheads))
     return 0
 
@@ -221,6 +226,7 @@ def report(args: argparse.Namespace, results: list[Level], overheads: dict[str, 
     lines = [
         f"Load test of `verispec serve --model {args.model} --backend {args.backend}"
         + (f" --weights-format {args.weights_format}" if args.weights_format else "")
+        + ("" if args.batch_invariant else " --no-batch-invariant")
         + f"` on loopback: up to {args.requests} Spec-Bench chat "
         f"requests per level, {args.max_tokens} new tokens each, greedy, streamed.",
         "",

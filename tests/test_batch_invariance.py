@@ -1,0 +1,101 @@
+"""The torch backend's batch invariance: a row's logits do not depend on what it is computed with.
+
+With batch_invariant on (the default), a token verified inside a draft, or decoded beside other
+requests in one batch, gets bit for bit the logits a one-token decode gives it: torch.equal, no
+tolerance. That is what makes greedy speculative output token-identical to plain decoding by
+construction rather than by luck of float rounding.
+"""
+
+import pytest
+import torch
+
+from verispec import LLM
+from verispec.engine.costs import backend_cost, invariant_cost
+from verispec.engine.runner import BatchItem
+from verispec.models.transformer import Segment, Transformer, invariant_chunks
+
+
+def test_invariant_chunks():
+    assert [invariant_chunks(n) for n in range(10)] == [
+        [], [1], [2], [3], [2, 2], [3, 2], [3, 3], [3, 2, 2], [3, 3, 2], [3, 3, 3]
+    ]
+    for n in range(1, 70):
+        sizes = invariant_chunks(n)
+        assert sum(sizes) == n and all(1 <= s <= 3 for s in sizes)
+
+
+def test_row_groups_chunk_decoding_rows_and_keep_prompts_whole():
+    def seg(T, num_logits):
+        return Segment(torch.zeros(T, dtype=torch.int64), None, num_logits)
+
+    groups = Transformer._row_groups([seg(1, 1), seg(1, 1), seg(1, 1), seg(60, 1), seg(5, 5), seg(2, 2)])
+    assert groups == [3, 60, 3, 2, 2]  # decoding rows of neighbouring requests share products
+
+
+def decode_alone(runner, prompt, new):
+    """Logits of each token of `new` decoded one at a time after `prompt`: [len(new), vocab]."""
+    seq = runner.open(len(prompt) + len(new))
+    runner.forward(seq, prompt)
+    rows = torch.cat([runner.forward(seq, [t]).logits for t in new])
+    runner.close(seq)
+    return rows
+
+
+def check_rows_invariant(runner, contexts, seed=0, vocab=None):
+    """Verification blocks of 2..9 rows, and a ragged batch beside a prompt and another decoding
+    row, against one-token decodes: every row bit-identical."""
+    g = torch.Generator().manual_seed(seed)
+    high = min(vocab or runner.vocab_size, 30000)
+    for ctx in contexts:
+        prompt = torch.randint(3, high, (ctx,), generator=g).tolist()
+        new = torch.randint(3, high, (9,), generator=g).tolist()
+        alone = decode_alone(runner, prompt, new)
+        seq = runner.open(ctx + 9)
+        runner.forward(seq, prompt)
+        for T in (2, 3, 4, 5, 9):
+            together = runner.forward(seq, new[:T], num_logits=T).logits
+            for r in range(T):
+                assert torch.equal(together[r], alone[r]), f"context {ctx}, row {r} of {T}: " \
+                    f"max diff {(together[r] - alone[r]).abs().max().item():.3g}"
+            runner.truncate(seq, ctx)
+        other, second = runner.open(64), runner.open(ctx + 1)
+        runner.forward(second, prompt)
+        outs = runner.forward_batch([BatchItem(other, prompt[:50]), BatchItem(second, new[:1]), BatchItem(seq, new[:5], num_logits=5)])
+        assert torch.equal(outs[1].logits, alone[:1]) and torch.equal(outs[2].logits, alone[:5])
+        for s in (seq, other, second):
+            runner.close(s)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gemma3"])
+def test_tiny_models_rows_bit_identical(tiny_dir, family):
+    runner = LLM(str(tiny_dir(family, seed=0))).runner
+    assert runner.batch_invariant  # the default
+    check_rows_invariant(runner, contexts=(1, 6, 13, 40), vocab=96)  # gemma3: past its window of 8
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
+def test_bundled_models_rows_bit_identical(name):
+    runner = LLM(name).runner
+    check_rows_invariant(runner, contexts=(37, 300, 530))  # Gemma: past its 512-token window
+
+
+def test_without_batch_invariance_rows_differ():
+    """The control that shows the check above can fail: with batch_invariant off, MKL runs a
+    5-row verification with another kernel than a one-row decode, and the logits move (~1e-5)."""
+    runner = LLM("smollm2-135m", batch_invariant=False).runner
+    g = torch.Generator().manual_seed(0)
+    prompt, new = torch.randint(3, 30000, (100,), generator=g).tolist(), torch.randint(3, 30000, (5,), generator=g).tolist()
+    alone = decode_alone(runner, prompt, new)
+    seq = runner.open(105)
+    runner.forward(seq, prompt)
+    together = runner.forward(seq, new, num_logits=5).logits
+    assert not torch.equal(together, alone)
+    torch.testing.assert_close(together, alone, atol=1e-3, rtol=1e-4)  # the same numbers, rounded otherwise
+
+
+def test_cost_curve_follows_the_mode(tiny_dir):
+    path = str(tiny_dir("llama", seed=0))
+    assert backend_cost(LLM(path).runner) is invariant_cost
+    assert backend_cost(LLM(path, batch_invariant=False).runner) is not invariant_cost
+    assert invariant_cost(1) == 1.0 and invariant_cost(2) == pytest.approx(1.1)
+    assert invariant_cost(5) == pytest.approx(1.55 + 1.1)  # products of 3 and 2 rows

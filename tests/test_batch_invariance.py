@@ -12,7 +12,7 @@ import torch
 from verispec import LLM
 from verispec.engine.costs import backend_cost, invariant_cost
 from verispec.engine.runner import BatchItem
-from verispec.models.transformer import Segment, Transformer, invariant_chunks
+from verispec.models.transformer import Segment, Transformer, invariant_chunks, probe_invariant_width
 
 
 def test_invariant_chunks():
@@ -99,3 +99,45 @@ def test_cost_curve_follows_the_mode(tiny_dir):
     assert backend_cost(LLM(path, batch_invariant=False).runner) is not invariant_cost
     assert invariant_cost(1) == 1.0 and invariant_cost(2) == pytest.approx(1.1)
     assert invariant_cost(5) == pytest.approx(1.55 + 1.1)  # products of 3 and 2 rows
+
+
+def test_many_rows_on_more_threads_stay_bit_identical():
+    """A server step verifying 8 requests' drafts (40 rows) with 3 threads: torch then splits an
+    elementwise op over the batch between threads mid-vector, where the scalar and vector exp/tanh
+    may round apart (6 of these 40 rows differed before the activation ran per decoding row)."""
+    runner = LLM("gemma3-270m").runner
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 30000, (20 + 7 * i,), generator=g).tolist() for i in range(8)]
+    news = [torch.randint(3, 30000, (5,), generator=g).tolist() for _ in range(8)]
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        alone = [decode_alone(runner, p, n) for p, n in zip(prompts, news)]
+        seqs = [runner.open(len(p) + 5) for p in prompts]
+        for s, p in zip(seqs, prompts):
+            runner.forward(s, p)
+        outs = runner.forward_batch([BatchItem(s, n, num_logits=5) for s, n in zip(seqs, news)])
+    finally:
+        torch.set_num_threads(threads)
+    for i, (out, a) in enumerate(zip(outs, alone)):
+        assert torch.equal(out.logits, a), f"request {i}: max diff {(out.logits - a).abs().max().item():.3g}"
+
+
+def test_probe_finds_the_invariant_width():
+    w = torch.randn(700, 96)
+    assert probe_invariant_width([w]) == 3  # MKL on this CPU: up to 3 rows as if alone
+    assert [invariant_chunks(n, 2) for n in (1, 4, 5)] == [[1], [2, 2], [2, 2, 1]]
+    assert invariant_chunks(3, 1) == [1, 1, 1]
+
+
+def test_probe_narrows_when_wider_products_round_otherwise(monkeypatch):
+    import verispec.models.transformer as tr
+
+    real = tr._project
+
+    def drifting(x, w, bias=None):  # a stand-in MKL whose 3-row products round otherwise
+        y = real(x, w, bias)
+        return y * (1 + 1e-6) if x.shape[0] == 3 else y
+
+    monkeypatch.setattr(tr, "_project", drifting)
+    assert tr.probe_invariant_width([torch.randn(300, 64)]) == 2

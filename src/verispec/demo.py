@@ -72,19 +72,17 @@ def pick_spread(questions: list[dict], n: int) -> list[dict]:
 
 def run_demo(args: argparse.Namespace) -> int:
     from verispec import LLM
+    from verispec.cli import _from_args
+    from verispec.config import EngineConfig
+    from verispec.engine.llm import engine_options
     from verispec.engine.speculative import SpeculativeDecoder
 
     method = args.method or "prompt_lookup"
-    spec = SpeculativeConfig(
-        method=method,
-        num_speculative_tokens=args.num_speculative_tokens,
-        draft_model=args.draft_model,
-        prompt_lookup_min=args.prompt_lookup_min,
-        prompt_lookup_max=args.prompt_lookup_max,
-    )
+    spec = _from_args(SpeculativeConfig, args, method=method)  # every engine and speculation flag counts
+    engine = _from_args(EngineConfig, args, speculative=spec)
     questions = pick_spread(load_questions(find_spec_bench(args.questions)), args.num_prompts)
     t0 = time.perf_counter()
-    llm = LLM(args.model, speculative=spec, dtype=args.dtype)
+    llm = LLM(engine.model, speculative=spec, **engine_options(engine))
     print(f"loaded {args.model} in {time.perf_counter() - t0:.1f}s; method {method}, k={spec.num_speculative_tokens}")
     plain = SpeculativeDecoder(llm.runner)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)

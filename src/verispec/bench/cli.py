@@ -18,7 +18,8 @@ def add_bench_parser(sub) -> None:
                         "of all (default: smollm2-135m)")
     b.add_argument("--methods", default="plain,prompt_lookup,hf,hf_prompt_lookup,llamacpp,llamacpp_prompt_lookup",
                    help="comma list; 'plain' (ours) is the baseline; ours: plain, prompt_lookup, draft_model, each "
-                        "optionally on another backend and weights format (plain@llamacpp, prompt_lookup@llamacpp:Q8_0); "
+                        "optionally on another backend and weights format (plain@llamacpp, prompt_lookup@llamacpp:Q8_0; "
+                        "plain@torch:fast = torch with batch_invariant off); "
                         "peers: hf, hf_prompt_lookup, hf_assisted, llamacpp, llamacpp_prompt_lookup (skipped with a note "
                         "when unavailable)")
     b.add_argument("--categories", default=",".join(SUBTASKS), help=f"comma list of subtasks (default: all: {','.join(SUBTASKS)})")
@@ -39,7 +40,7 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--profile", action="store_true",
                    help="measure memory bandwidth and the forward cost for k = 1..32 new tokens instead, per --backends")
     b.add_argument("--backends", default="torch",
-                   help="with --profile: comma list of backend[:format], e.g. torch,llamacpp,llamacpp:Q8_0 (default: torch)")
+                   help="with --profile: comma list of backend[:format], e.g. torch,torch:fast,llamacpp,llamacpp:Q8_0 (default: torch)")
     b.add_argument("--report", default=None, metavar="RESULTS_JSON",
                    help="redraw report.md and the plots from a saved results.json (into its folder), run nothing")
 

@@ -74,9 +74,10 @@ class BenchResult:
 
 
 def split_family(name: str) -> tuple[str, str]:
-    """'prompt_lookup@llamacpp:Q8_0' -> ('prompt_lookup', 'llamacpp:Q8_0'); no '@' = our torch backend."""
+    """'prompt_lookup@llamacpp:Q8_0' -> ('prompt_lookup', 'llamacpp:Q8_0'); no '@' or '@torch' = our
+    torch backend with its defaults ('')."""
     base, _, family = name.partition("@")
-    return base, family
+    return base, "" if family == "torch" else family
 
 
 def family_options(family: str) -> dict:
@@ -95,7 +96,7 @@ def family_options(family: str) -> dict:
 def family_llm(cfg: BenchConfig, llm, family: str, llms: dict):
     """Our engine on a backend (and weights format): 'llamacpp', 'llamacpp:Q8_0'; '' = the torch one
     (batch-invariant, the default); 'torch:fast' = torch with batch_invariant off."""
-    if not family or family == "torch":
+    if not family:
         return llm
     if family not in llms:
         from verispec import LLM

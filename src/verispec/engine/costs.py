@@ -36,11 +36,12 @@ def default_cost(n: int) -> float:
 INVARIANT_CHUNK_COST = {1: 1.0, 2: 1.1, 3: 1.55}
 
 
-def invariant_cost(n: int) -> float:
-    """The torch backend's built-in curve with batch_invariant on: the sum of its products' costs."""
+def invariant_cost(n: int, width: int = 3) -> float:
+    """The torch backend's built-in curve with batch_invariant on: the sum of its products' costs
+    (products of at most `width` rows, the runner's probed `invariant_width`)."""
     from verispec.models.transformer import invariant_chunks
 
-    return max(1.0, sum(INVARIANT_CHUNK_COST[c] for c in invariant_chunks(n)))
+    return max(1.0, sum(INVARIANT_CHUNK_COST[c] for c in invariant_chunks(n, width)))
 
 
 # llama.cpp on this CPU (SmolLM2, ms for n new tokens after 512 of context, `verispec bench --profile`,
@@ -76,7 +77,10 @@ def split_cost(curve: CostCurve, rows: int) -> CostCurve:
 def backend_cost(runner) -> CostCurve:
     """The built-in curve of a runner's backend ("torch", "llamacpp"; None: torch's)."""
     if getattr(runner, "backend", "torch") != "llamacpp":
-        return invariant_cost if getattr(runner, "batch_invariant", False) else default_cost
+        if not getattr(runner, "batch_invariant", False):
+            return default_cost
+        width = runner.model.invariant_width
+        return invariant_cost if width == 3 else (lambda n: invariant_cost(n, width))
     return split_cost(interpolated(LLAMACPP_POINTS), runner.invariant_rows)
 
 

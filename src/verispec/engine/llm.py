@@ -34,7 +34,7 @@ def build_runner(
     max_context: int | None = None,
     backend: str = "torch",
     weights_format: str | None = None,
-    batch_invariant: bool = False,
+    batch_invariant: bool = True,
 ):
     """A ModelRunner for `model` on the chosen backend (`batch_invariant`: see EngineConfig; the
     llama.cpp runner always is)."""

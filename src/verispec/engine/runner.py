@@ -60,7 +60,7 @@ class TorchRunner:
     backend = "torch"
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], tokenizer: Tokenizer,
-                 dtype: torch.dtype = torch.float32, max_context: int | None = None, batch_invariant: bool = False) -> None:
+                 dtype: torch.dtype = torch.float32, max_context: int | None = None, batch_invariant: bool = True) -> None:
         if dtype != torch.float32:
             weights = {k: v.to(dtype) for k, v in weights.items()}
         self.dtype = dtype

@@ -41,6 +41,7 @@ price is one pass over the weights per 2-3 verified rows instead of one per forw
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -127,14 +128,34 @@ def _project(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None)
     return (y + bias) if bias is not None else y.contiguous()
 
 
-def invariant_chunks(n: int) -> list[int]:
-    """Row counts of the products a batch-invariant forward splits n rows into: 3s, with a
-    remaining 4 as 2 + 2 (a 1-row product costs what a 2-row one does): 5 -> [3, 2], 8 -> [3, 3, 2]."""
+def invariant_chunks(n: int, width: int = 3) -> list[int]:
+    """Row counts of the products a batch-invariant forward splits n rows into, none wider than
+    `width` (the widest product MKL computes row by row like a one-row one; `probe_invariant_width`).
+    Width 3: 3s, with a remaining 4 as 2 + 2 (a 1-row product costs what a 2-row one does):
+    5 -> [3, 2], 8 -> [3, 3, 2]. Narrower: n // width products of width and one of the rest."""
+    if width < 3:
+        return [width] * (n // width) + ([n % width] if n % width else [])
     sizes = []
     while n > 4:
         sizes.append(3)
         n -= 3
     return sizes + ({4: [2, 2]}.get(n, [n] if n else []))
+
+
+def probe_invariant_width(weights: list[torch.Tensor], max_width: int = 3) -> int:
+    """The widest product, up to max_width rows, that gives every row bit for bit what a one-row
+    product gives it (`_project`, one row padded to two), for each of `weights` (one of every shape
+    the model multiplies by). 3 with MKL on the CPUs measured here; an MKL that rounds otherwise
+    gets narrower products, 1 at worst (every row alone), instead of rows that drift."""
+    g = torch.Generator().manual_seed(0)
+    width = max_width
+    with torch.inference_mode():
+        for w in weights:
+            x = torch.randn(max_width, w.shape[1], generator=g).to(w.dtype)
+            alone = torch.cat([_project(x[j : j + 1], w) for j in range(max_width)])
+            while width > 1 and not torch.equal(_project(x[:width], w), alone[:width]):
+                width -= 1
+    return width
 
 
 def _project_groups(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, groups: list[int] | None) -> torch.Tensor:
@@ -172,7 +193,7 @@ class _Span:
 class Transformer:
     """A decoder: tokens in, logits out, keys/values written to each sequence's KVCache."""
 
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], batch_invariant: bool = False) -> None:
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], batch_invariant: bool = True) -> None:
         self.config = config
         self.batch_invariant = batch_invariant
         c = config
@@ -214,6 +235,13 @@ class Transformer:
         self._has_sliding = any(layer.sliding for layer in self.layers)
         self._q_heads = c.num_heads
         self._qk_heads = c.num_heads + c.num_kv_heads
+        self.invariant_width = 3
+        if batch_invariant:
+            first = self.layers[0]
+            self.invariant_width = probe_invariant_width([first.qkv, first.o, first.gate_up, first.down, self.lm_head])
+            if self.invariant_width < 3:
+                print(f"[verispec] batch invariance: this MKL keeps rows apart only in products of "
+                      f"{self.invariant_width} row(s); verification runs in products that narrow", file=sys.stderr)
 
     def new_cache(self, capacity: int) -> KVCache:
         c = self.config
@@ -255,7 +283,7 @@ class Transformer:
             rowwise = self.batch_invariant and T > 1 and s.num_logits == T
             spans.append(_Span(row, start, start + T, {} if rowwise else self._masks(start, start + T, T), rowwise))
             row += T
-        groups = self._row_groups(segments) if self.batch_invariant else None
+        groups = self._row_groups(segments, self.invariant_width) if self.batch_invariant else None
         tokens = segments[0].tokens if len(segments) == 1 else torch.cat([s.tokens for s in segments])
         x = F.embedding(tokens, self.embed)  # [N, hidden], N = sum of T
         if c.embed_scale != 1.0:
@@ -271,7 +299,7 @@ class Transformer:
         h = self._norm(x, self.norm)  # [N, hidden]
         rows = [torch.arange(sp.end - sp.start - s.num_logits, sp.end - sp.start) + sp.row for s, sp in zip(segments, spans)]
         wanted = torch.cat(rows)  # [sum num_logits]
-        head_groups = invariant_chunks(wanted.numel()) if self.batch_invariant else None
+        head_groups = invariant_chunks(wanted.numel(), self.invariant_width) if self.batch_invariant else None
         logits = _project_groups(h[wanted], self.lm_head, None, head_groups).float() if wanted.numel() else h.new_empty(0, c.vocab_size).float()
         outs = []
         for s, sp, part in zip(segments, spans, logits.split([s.num_logits for s in segments])):
@@ -280,7 +308,7 @@ class Transformer:
         return outs
 
     @staticmethod
-    def _row_groups(segments: list[Segment]) -> list[int]:
+    def _row_groups(segments: list[Segment], width: int = 3) -> list[int]:
         """Batch-invariant projection groups, in row order: rows that want their logits (decoding,
         verification: a segment whose num_logits == T) in chunks of 2-3 rows, consecutive such
         segments sharing chunks (a row's result does not depend on its neighbours there); any other
@@ -294,9 +322,9 @@ class Transformer:
             if s.num_logits == T:
                 run += T
                 continue
-            groups += invariant_chunks(run) + [T]
+            groups += invariant_chunks(run, width) + [T]
             run = 0
-        return groups + invariant_chunks(run)
+        return groups + invariant_chunks(run, width)
 
     def _rope(self, table: RopeTable, spans: list[_Span]) -> tuple[torch.Tensor, torch.Tensor]:
         parts = [table.get(sp.start, sp.end, self.dtype) for sp in spans]
@@ -330,8 +358,10 @@ class Transformer:
         Query heads h*g .. h*g+g-1 share kv head h (g = heads / kv_heads), as in HF.
         Up to 47 rows (decoding, verification): two batched matmuls with the scale folded into q,
         which beat SDPA's CPU kernels there (measured at 512 keys: 2 rows 67 vs 78 us, 5 rows 110
-        vs 119; one row 56 vs 47, kept on this path anyway so that a plain decoding step and a
-        verification compute a row's attention the same way, the mask adding exact zeros). Many
+        vs 119; one row 56 vs 47, kept on this path anyway: SDPA's CPU result for one row moves
+        with the memory alignment of q, k and v (12 of 15 offsets changed it, measured), which
+        would break batch invariance; these matmuls do not, and MKL's projections depend only on
+        the weights' alignment, fixed per tensor). Many
         rows (prompt processing): SDPA's flash kernel, causal without a mask when the prompt
         starts the sequence.
         """
@@ -370,6 +400,22 @@ class Transformer:
         keys, values = cache.view(i, first, pos + 1)
         return self._attention(q, keys, values, None)
 
+    def _gated(self, gate: torch.Tensor, up: torch.Tensor, groups: list[int] | None) -> torch.Tensor:
+        """act(gate) * up, [N, intermediate]. Batch-invariant: the rows of small groups (decoding
+        rows) one at a time, as a one-token decode computes them. Over many rows torch splits an
+        elementwise op across threads, and where a thread's share starts mid-vector up to a vector's
+        worth of elements take the scalar exp/tanh, which can round one ulp apart from the vector one
+        (measured: 6 of 40 rows differed on Gemma 3 with 3 threads)."""
+        if groups is None or gate.shape[0] == 1:
+            return self.act(gate) * up
+        parts = []
+        for g, u in zip(gate.split(groups), up.split(groups)):
+            if g.shape[0] <= 3:
+                parts += [self.act(g[r : r + 1]) * u[r : r + 1] for r in range(g.shape[0])]
+            else:
+                parts.append(self.act(g) * u)
+        return torch.cat(parts)
+
     def _layer(self, i, layer: Layer, x, segments: list[Segment], spans: list[_Span], cos, sin, groups=None) -> torch.Tensor:
         c = self.config
         N = x.shape[0]
@@ -399,7 +445,7 @@ class Transformer:
         # feed-forward
         h = self._norm(x, layer.mlp_norm)
         gate, up = _project_groups(h, layer.gate_up, None, groups).chunk(2, dim=-1)
-        mlp = _project_groups(self.act(gate) * up, layer.down, None, groups)
+        mlp = _project_groups(self._gated(gate, up, groups), layer.down, None, groups)
         if layer.post_mlp_norm is not None:
             mlp = self._norm(mlp, layer.post_mlp_norm)
         return x + mlp

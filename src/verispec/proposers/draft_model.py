@@ -33,7 +33,9 @@ class DraftModelProposer:
         from verispec.engine.llm import build_runner
 
         backend = getattr(target, "backend", "torch")  # the drafter runs where the target runs
-        runner = build_runner(config.draft_model, dtype=target.dtype, backend=backend)
+        # batch invariance is the target's concern: any draft verifies losslessly, and a sampled
+        # draft's q is the distribution it was drawn from, so the drafter takes the faster kernels
+        runner = build_runner(config.draft_model, dtype=target.dtype, backend=backend, batch_invariant=False)
         check_same_vocabulary(target, runner)
         proposer = cls(runner)
         # decoding is bound by reading the weights: a draft token costs about their ratio

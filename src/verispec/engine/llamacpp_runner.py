@@ -191,6 +191,11 @@ class LlamaCppRunner:
             outs.append(ForwardOutput(logits=stacked, hidden=None))  # [num_logits, vocab] float32
         return outs
 
+    def verify_chunks(self, n: int) -> list[int]:
+        """The decodes forward_batch splits n rows into anyway (at most invariant_rows each)."""
+        rows = min(self.invariant_rows, self.n_batch)
+        return [rows] * (n // rows) + ([n % rows] if n % rows else [])
+
     def length(self, seq: int) -> int:
         return self._lengths[seq]
 

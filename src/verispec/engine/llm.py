@@ -72,7 +72,8 @@ def build_policy(spec: SpeculativeConfig, draft_cost: float = 0.0, runner=None) 
             cost = profile_cost(CostProfile.load(Path(spec.cost_profile)))
         except (OSError, ValueError, TypeError, KeyError) as e:
             raise ConfigError(f"cannot read the cost profile {spec.cost_profile}: {e}") from e
-    return SpeculationPolicy(k, adaptive=spec.adaptive_k, disable_by_batch_size=spec.disable_by_batch_size, cost=cost, draft_cost=draft_cost)
+    return SpeculationPolicy(k, adaptive=spec.adaptive_k, disable_by_batch_size=spec.disable_by_batch_size, cost=cost,
+                             draft_cost=draft_cost, chunks=getattr(runner, "verify_chunks", None))
 
 
 # the EngineConfig fields LLM(...) takes as keyword options (model and speculative are its own arguments)

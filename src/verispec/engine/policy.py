@@ -79,7 +79,10 @@ class SpeculationPolicy:
         probe_k: int = 1,
         max_probe_every: int = 64,
         draft_cost: float = 0.0,
+        chunks: Callable[[int], list[int]] | None = None,
     ) -> None:
+        """`chunks`: the runner's `verify_chunks`, for the expected cost of verification that stops
+        at the first rejected draft (None: every verification costs cost(k + 1))."""
         self.max_k = max_k
         self.adaptive = adaptive
         self.disable_by_batch_size = disable_by_batch_size
@@ -88,21 +91,37 @@ class SpeculationPolicy:
         self.max_probe_every = max_probe_every
         self.probe_k = min(probe_k, max_k)
         self.draft_cost = draft_cost
+        self.chunks = chunks
 
-    def best_k(self, a: float) -> int:
+    def step_cost(self, n: int, a: float, early_exit: bool) -> float:
+        """Expected cost of verifying n rows. With `early_exit` (greedy, on a runner that verifies
+        in chunks: `verify_chunks`) a chunk that starts at row r runs only if the r drafts before
+        it were all accepted, probability a^r. Example: 9 rows in chunks [3, 3, 3] at a = 0.8 cost
+        cost(3) * (1 + 0.8^3 + 0.8^6) = 1.77 cost(3) instead of 3 cost(3)."""
+        if not early_exit or self.chunks is None:
+            return self.cost(n)
+        total, start = 0.0, 0
+        for size in self.chunks(n):
+            total += self.cost(size) * a**start
+            start += size
+        return total
+
+    def best_k(self, a: float, early_exit: bool = False) -> int:
         """The k in 0..max_k with the most expected tokens per unit of cost."""
         per_draft = self.draft_cost + DRAFT_OVERHEAD
-        rates = [expected_tokens(a, k) / (self.cost(k + 1) + k * per_draft) for k in range(self.max_k + 1)]
+        rates = [
+            expected_tokens(a, k) / (self.step_cost(k + 1, a, early_exit) + k * per_draft) for k in range(self.max_k + 1)
+        ]
         return max(range(len(rates)), key=rates.__getitem__)
 
-    def choose(self, estimate: AcceptanceEstimate, batch_size: int) -> int:
+    def choose(self, estimate: AcceptanceEstimate, batch_size: int, early_exit: bool = False) -> int:
         if self.max_k == 0:
             return 0
         if self.disable_by_batch_size is not None and batch_size > self.disable_by_batch_size:
             return 0
         if not self.adaptive:
             return self.max_k
-        k = self.best_k(estimate.rate)
+        k = self.best_k(estimate.rate, early_exit)
         if k > 0:  # drafting pays: probing starts afresh if it stops paying again
             estimate.steps_without_draft = 0
             estimate.probe_interval = self.probe_every

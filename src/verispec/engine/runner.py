@@ -16,7 +16,7 @@ import torch
 
 from verispec.models.config import ModelConfig
 from verispec.models.kv_cache import KVCache
-from verispec.models.transformer import ForwardOutput, Segment, Transformer
+from verispec.models.transformer import ForwardOutput, Segment, Transformer, invariant_chunks
 from verispec.tokenizer import Tokenizer
 
 
@@ -43,6 +43,11 @@ class ModelRunner(Protocol):
 
     def forward_batch(self, items: list[BatchItem]) -> list[ForwardOutput]:
         """Several sequences in one forward (a ragged batch); one output per item, in order."""
+
+    def verify_chunks(self, n: int) -> list[int]:
+        """How n rows that all want logits may be forwarded a chunk at a time with every row's
+        logits unchanged ([n]: only together). The decoding loop then verifies chunk by chunk and
+        stops at the first rejected draft (engine/speculative.py)."""
 
     def length(self, seq: int) -> int:
         """Number of tokens whose keys/values the sequence holds."""
@@ -90,6 +95,13 @@ class TorchRunner:
             for it in items
         ]
         return self.model.forward_batch(segments)
+
+    def verify_chunks(self, n: int) -> list[int]:
+        """Batch-invariant: the products the forward would split n rows into anyway, so forwarding
+        them one after another reads the weights no more often and changes no logit."""
+        if not self.batch_invariant:
+            return [n]
+        return invariant_chunks(n, self.model.invariant_width)
 
     def length(self, seq: int) -> int:
         return self._caches[seq].length

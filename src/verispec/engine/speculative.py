@@ -11,6 +11,8 @@ the newest output token, not yet seen by the target). A step:
   5. emit     append the kept tokens, stopping at exactly the token where a stop condition hits.
 
 Plain decoding is the same loop with no drafter (k = 0): a one-token forward and one token out.
+Where the runner verifies in chunks (`ModelRunner.verify_chunks`), step 2 forwards the rows a
+chunk at a time and a greedy request stops at its first rejected draft (`_verify`).
 A running batch takes the same steps, each request with its own draft and one forward for all
 (`step_batch`); `engine/policy.py` decides each request's k.
 """
@@ -139,13 +141,12 @@ class SpeculativeDecoder:
         drafts = [self._propose(req, len(reqs)) for req in reqs]
         # 2. verify
         bases = [self.target.length(req.target_seq) for req in reqs]  # pending goes at base
-        items = [BatchItem(req.target_seq, [req.output_ids[-1], *d.tokens], num_logits=len(d) + 1) for req, d in zip(reqs, drafts)]
-        outputs = self.target.forward_batch(items)
+        verified = self._verify(reqs, drafts)
         emitted_all = []
-        for req, draft, base, out in zip(reqs, drafts, bases, outputs):
+        for req, draft, base, logits in zip(reqs, drafts, bases, verified):
             req.metrics.num_target_forwards += 1
-            # 3. accept
-            result = self._accept(req, out.logits, draft)  # logits [n + 1, vocab]
+            # 3. accept (over the rows verified: a greedy verification may have stopped early)
+            result = self._accept(req, logits, Draft(draft.tokens[: logits.shape[0] - 1], draft.probs))  # [m, vocab]
             num_accepted = int(result.num_accepted[0])
             block = result.output_tokens[0, : num_accepted + 1].tolist()
             # 4. commit
@@ -159,11 +160,43 @@ class SpeculativeDecoder:
             emitted_all.append(emitted)
         return emitted_all
 
+    def _verify(self, reqs: list[Request], drafts: list[Draft]) -> list[torch.Tensor]:
+        """Each request's target logits over [pending] + draft: [m, vocab], m <= len(draft) + 1.
+
+        One forward for the whole batch, or, where the runner verifies in chunks (`verify_chunks`:
+        the batch-invariant torch backend's products of 2-3 rows, llama.cpp's invariant_rows), one
+        forward per round of chunks; a greedy request leaves after the chunk that holds its first
+        rejected draft, since nothing after it could be kept. Example, k = 4 in chunks [3, 2]: rows
+        [pending, d1, d2] first; if their argmaxes are d1, d2, d3, then [d3, d4]; else m = 3 and
+        the weights are read once instead of twice.
+        """
+        rows = [[req.output_ids[-1], *d.tokens] for req, d in zip(reqs, drafts)]
+        plans = [self.target.verify_chunks(len(r)) for r in rows]
+        if all(len(plan) == 1 for plan in plans):
+            items = [BatchItem(req.target_seq, r, num_logits=len(r)) for req, r in zip(reqs, rows)]
+            return [out.logits for out in self.target.forward_batch(items)]
+        parts: list[list[torch.Tensor]] = [[] for _ in reqs]
+        done = [0] * len(reqs)  # rows of each request forwarded so far
+        active, chunk = list(range(len(reqs))), 0
+        while active:
+            sizes = [plans[i][chunk] for i in active]
+            items = [BatchItem(reqs[i].target_seq, rows[i][done[i] : done[i] + n], num_logits=n) for i, n in zip(active, sizes)]
+            still = []
+            for i, n, out in zip(active, sizes, self.target.forward_batch(items)):
+                parts[i].append(out.logits)  # [n, vocab]: the targets of rows[i][done + 1 .. done + n]
+                agreed = not reqs[i].params.greedy or out.logits.argmax(-1).tolist() == rows[i][done[i] + 1 : done[i] + 1 + n]
+                done[i] += n
+                if chunk + 1 < len(plans[i]) and agreed:
+                    still.append(i)
+            active, chunk = still, chunk + 1
+        return [p[0] if len(p) == 1 else torch.cat(p) for p in parts]
+
     def _propose(self, req: Request, batch_size: int) -> Draft:
         if self.proposer is None:
             return Draft(tokens=[])
         # never more than can still be emitted, so the cache never overflows
-        k = min(self.policy.choose(req.estimate, batch_size), req.params.max_tokens - len(req.output_ids) - 1)
+        early_exit = req.params.greedy  # see _verify; the policy weighs the chunks it may skip
+        k = min(self.policy.choose(req.estimate, batch_size, early_exit), req.params.max_tokens - len(req.output_ids) - 1)
         if k <= 0:
             return Draft(tokens=[])
         draft = self.proposer.propose(req.view, k)

@@ -70,7 +70,6 @@ class TorchRunner:
             weights = {k: v.to(dtype) for k, v in weights.items()}
         self.dtype = dtype
         self.model = Transformer(config, weights, batch_invariant=batch_invariant)
-        self.batch_invariant = batch_invariant
         self.config = config
         self.tokenizer = tokenizer
         self.vocab_size = config.vocab_size
@@ -95,6 +94,10 @@ class TorchRunner:
             for it in items
         ]
         return self.model.forward_batch(segments)
+
+    @property
+    def batch_invariant(self) -> bool:
+        return self.model.batch_invariant
 
     def verify_chunks(self, n: int) -> list[int]:
         """Batch-invariant: the products the forward would split n rows into anyway, so forwarding

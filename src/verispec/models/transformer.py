@@ -33,7 +33,8 @@ arithmetic as a one-row product only while the product has at most 3 columns (fr
 switches kernels: results move by ~1e-5), and torch's softmax rounds a row differently when
 masked columns follow it. So in this mode every row that wants its logits (decoding and
 verification rows) is computed with the shapes of a one-token decode: projections in chunks
-of 2-3 rows (`invariant_chunks`), attention one row at a time over exactly the keys it sees.
+of 2-3 rows (`invariant_chunks`), attention one row at a time over exactly the keys it sees,
+the MLP's activation one row at a time (`_gated`).
 A verified draft, a request decoded beside others in the server's batch and a plain decoding
 step then give bit-identical logits for the same row (tests/test_batch_invariance.py); the
 price is one pass over the weights per 2-3 verified rows instead of one per forward.

@@ -8,6 +8,8 @@ sys.path.insert(0, str(Path(__file__).parent))  # tiny_models
 
 from tiny_models import make_hf_model  # noqa: E402
 
+from verispec.models import rowwise  # noqa: E402
+
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
@@ -28,3 +30,14 @@ def tiny_dir(tmp_path_factory):
 @pytest.fixture(scope="session", autouse=True)
 def _quiet_threads():
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(params=["kernel", "mkl"])
+def products(request, monkeypatch):
+    """Both ways of computing decoding rows' products: the row-wise kernel (where this CPU has it)
+    and MKL's (as on a CPU without AVX-512)."""
+    if request.param == "mkl":
+        monkeypatch.setitem(rowwise._state, "module", None)
+    else:
+        assert rowwise.kernel() is not None, "the row-wise kernel should build on this machine (AVX-512)"
+    return request.param

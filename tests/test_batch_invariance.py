@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from verispec import LLM
-from verispec.engine.costs import backend_cost, invariant_cost
+from verispec.engine.costs import backend_cost, invariant_cost, kernel_cost
 from verispec.engine.runner import BatchItem
+from verispec.models import rowwise
 from verispec.models.transformer import Segment, Transformer, invariant_chunks, probe_invariant_width
 
 
@@ -22,6 +23,7 @@ def test_invariant_chunks():
     for n in range(1, 70):
         sizes = invariant_chunks(n)
         assert sum(sizes) == n and all(1 <= s <= 3 for s in sizes)
+    assert [invariant_chunks(n, 8) for n in (1, 8, 11, 16)] == [[1], [8], [8, 3], [8, 8]]  # the kernel's passes
 
 
 def test_row_groups_chunk_decoding_rows_and_keep_prompts_whole():
@@ -42,17 +44,17 @@ def decode_alone(runner, prompt, new):
 
 
 def check_rows_invariant(runner, contexts, seed=0, vocab=None):
-    """Verification blocks of 2..9 rows, and a ragged batch beside a prompt and another decoding
+    """Verification blocks of 2..12 rows, and a ragged batch beside a prompt and another decoding
     row, against one-token decodes: every row bit-identical."""
     g = torch.Generator().manual_seed(seed)
     high = min(vocab or runner.vocab_size, 30000)
     for ctx in contexts:
         prompt = torch.randint(3, high, (ctx,), generator=g).tolist()
-        new = torch.randint(3, high, (9,), generator=g).tolist()
+        new = torch.randint(3, high, (12,), generator=g).tolist()
         alone = decode_alone(runner, prompt, new)
-        seq = runner.open(ctx + 9)
+        seq = runner.open(ctx + 12)
         runner.forward(seq, prompt)
-        for T in (2, 3, 4, 5, 9):
+        for T in (2, 3, 4, 5, 9, 12):
             together = runner.forward(seq, new[:T], num_logits=T).logits
             for r in range(T):
                 assert torch.equal(together[r], alone[r]), f"context {ctx}, row {r} of {T}: " \
@@ -67,9 +69,11 @@ def check_rows_invariant(runner, contexts, seed=0, vocab=None):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gemma3"])
-def test_tiny_models_rows_bit_identical(tiny_dir, family):
+def test_tiny_models_rows_bit_identical(tiny_dir, family, products):
     runner = LLM(str(tiny_dir(family, seed=0))).runner
     assert runner.batch_invariant  # the default
+    assert runner.model.uses_kernel == (products == "kernel")
+    assert runner.model.invariant_width == (8 if products == "kernel" else 3)
     check_rows_invariant(runner, contexts=(1, 6, 13, 40), vocab=96)  # gemma3: past its window of 8
 
 
@@ -79,9 +83,11 @@ def test_bundled_models_rows_bit_identical(name):
     check_rows_invariant(runner, contexts=(37, 300, 530))  # Gemma: past its 512-token window
 
 
-def test_without_batch_invariance_rows_differ():
-    """The control that shows the check above can fail: with batch_invariant off, MKL runs a
-    5-row verification with another kernel than a one-row decode, and the logits move (~1e-5)."""
+def test_without_batch_invariance_rows_differ(monkeypatch):
+    """The control that shows the check above can fail: with batch_invariant off and MKL's
+    products, MKL runs a 5-row verification with another kernel than a one-row decode, and the
+    logits move (~1e-5). (The row-wise kernel gives rows their one-row arithmetic in either mode.)"""
+    monkeypatch.setitem(rowwise._state, "module", None)
     runner = LLM("smollm2-135m", batch_invariant=False).runner
     g = torch.Generator().manual_seed(0)
     prompt, new = torch.randint(3, 30000, (100,), generator=g).tolist(), torch.randint(3, 30000, (5,), generator=g).tolist()
@@ -93,15 +99,16 @@ def test_without_batch_invariance_rows_differ():
     torch.testing.assert_close(together, alone, atol=1e-3, rtol=1e-4)  # the same numbers, rounded otherwise
 
 
-def test_cost_curve_follows_the_mode(tiny_dir):
+def test_cost_curve_follows_the_mode(tiny_dir, products):
     path = str(tiny_dir("llama", seed=0))
-    assert backend_cost(LLM(path).runner) is invariant_cost
-    assert backend_cost(LLM(path, batch_invariant=False).runner) is not invariant_cost
+    assert backend_cost(LLM(path).runner) is (kernel_cost if products == "kernel" else invariant_cost)
+    assert backend_cost(LLM(path, batch_invariant=False).runner) not in (invariant_cost, kernel_cost)
+    assert kernel_cost(1) == 1.0 and kernel_cost(9) - kernel_cost(8) > 2 * (kernel_cost(8) - kernel_cost(7))  # a 2nd pass over the weights
     assert invariant_cost(1) == 1.0 and invariant_cost(2) == pytest.approx(1.1)
     assert invariant_cost(5) == pytest.approx(1.55 + 1.1)  # products of 3 and 2 rows
 
 
-def test_many_rows_on_more_threads_stay_bit_identical():
+def test_many_rows_on_more_threads_stay_bit_identical(products):
     """A server step verifying 8 requests' drafts (40 rows) with 3 threads: torch then splits an
     elementwise op over the batch between threads mid-vector, where the scalar and vector exp/tanh
     may round apart (6 of these 40 rows differed before the activation ran per decoding row)."""

@@ -11,8 +11,8 @@ from verispec.proposers.base import Draft
 
 
 class FixedDrafter:
-    """Drafts that the target rejects at once (a token it never predicts) or, with `oracle`, the
-    target's own greedy continuation (every draft accepted)."""
+    """Drafts that the target rejects at once (a token it never predicts) or, with `oracle` (the
+    target's plain greedy output), its own continuation (every draft accepted)."""
 
     relative_cost = 0.0
 
@@ -56,18 +56,22 @@ def plain_tokens(path, params):
     return LLM(path).generate([PROMPT], params)[0].token_ids
 
 
-def test_a_rejected_first_chunk_ends_the_verification(tiny):
+CHUNKS = {"mkl": [3, 3, 3], "kernel": [8, 1]}  # 9 rows: MKL's products of 3, the kernel's passes of 8
+
+
+def test_a_rejected_first_chunk_ends_the_verification(tiny, products):
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     ref = plain_tokens(tiny, params)
     runner = LLM(tiny).runner
     bad = next(t for t in range(3, 96) if t not in ref)  # never the target's choice
-    assert runner.verify_chunks(9) == [3, 3, 3]
+    chunks = CHUNKS[products]
+    assert runner.verify_chunks(9) == chunks
     calls = rows_per_call(runner)
     out = SpeculativeDecoder(runner, FixedDrafter(bad=bad), num_speculative_tokens=8).generate(PROMPT, params)
     assert out.output_ids == ref
     steps = calls  # the prefill goes through runner.forward
     # one forward a step, over only the first chunk of [pending] + drafts (k shrinks near max_tokens)
-    assert len(steps) == out.metrics.num_target_forwards - 1 and steps[0] == 3 and max(steps) == 3
+    assert len(steps) == out.metrics.num_target_forwards - 1 and steps[0] == chunks[0] and max(steps) == chunks[0]
     # batch invariance off: one forward over all 9 rows each step
     fast = LLM(tiny, batch_invariant=False).runner
     assert fast.verify_chunks(9) == [9]
@@ -76,23 +80,24 @@ def test_a_rejected_first_chunk_ends_the_verification(tiny):
     assert max(calls) == 9
 
 
-def test_accepted_chunks_go_on_to_the_next(tiny):
+def test_accepted_chunks_go_on_to_the_next(tiny, products):
     params = SamplingParams(temperature=0.0, max_tokens=19, ignore_eos=True)
     ref = plain_tokens(tiny, params)
     runner = LLM(tiny).runner
     calls = rows_per_call(runner)
-    out = SpeculativeDecoder(runner, FixedDrafter(oracle_tokens=ref[1:]), num_speculative_tokens=8).generate(PROMPT, params)
+    out = SpeculativeDecoder(runner, FixedDrafter(oracle_tokens=ref), num_speculative_tokens=8).generate(PROMPT, params)
     assert out.output_ids == ref
-    assert calls[:3] == [3, 3, 3]  # a whole first verification, chunk after chunk
+    assert calls[:len(CHUNKS[products])] == CHUNKS[products]  # a whole first verification, chunk after chunk
     assert out.metrics.num_accepted_tokens == 18 - out.metrics.num_target_forwards + 1
+    assert out.metrics.num_target_forwards <= 4  # 18 tokens after the first, up to 9 a forward
 
 
-def test_sampled_requests_verify_every_chunk(tiny):
+def test_sampled_requests_verify_every_chunk(tiny, products):
     params = SamplingParams(temperature=1.0, seed=3, max_tokens=16, ignore_eos=True)
     runner = LLM(tiny).runner
     calls = rows_per_call(runner)
     SpeculativeDecoder(runner, FixedDrafter(bad=5), num_speculative_tokens=8).generate(PROMPT, params)
-    assert calls[:3] == [3, 3, 3]  # all of [pending] + 8 drafts although the first draft fails
+    assert calls[:len(CHUNKS[products])] == CHUNKS[products]  # all of [pending] + 8 drafts although the first draft fails
 
 
 def test_policy_weighs_the_chunks_it_may_skip():

@@ -18,14 +18,16 @@ import statistics
 import time
 from typing import Callable, Sequence
 
+from verispec.models.transformer import KERNEL_WIDTH
+
 CostCurve = Callable[[int], float]
 
 
 def default_cost(n: int) -> float:
-    """The torch backend's curve when nothing was measured.
+    """The torch backend's curve when nothing was measured (batch invariance off).
 
     Measured here for SmolLM2 in float32 (ms): n = 1: 42, 2: 41, 4: 58, 8: 105 -> ~1 + 0.15 (n - 1)
-    up to 8 tokens."""
+    up to 8 tokens (before the row-wise kernel; with it: 11.1, 13.1, 15.7, 22.0, still ~1 + 0.15 (n - 1))."""
     return 1.0 + 0.15 * (n - 1)
 
 
@@ -34,6 +36,13 @@ def default_cost(n: int) -> float:
 # n = 1: 16.0 / 24.3, 2: 18.5 / 26.7, 3: 24.9 / 38.6, 5: 40.1 / 62.7, 8: 61.9 / 100.7, so a product
 # of 2 rows costs ~1.1 one-row forwards and one of 3 rows ~1.55.
 INVARIANT_CHUNK_COST = {1: 1.0, 2: 1.1, 3: 1.55}
+
+
+# The torch backend with the row-wise kernel (models/rowwise.py, float32 on AVX-512), batch-invariant
+# or not: one pass over the weights per 8 rows, each row's attention in the kernel. Measured here at
+# 512 of context (ms, best of 5; SmolLM2, the steeper of the two models, with Gemma 3 in brackets):
+# n = 1: 11.1 (17.5), 2: 13.3 (19.7), 4: 16.4 (23.2), 8: 22.7 (33.5), 9: 28.8 (47.0), 16: 38.8 (61.9).
+KERNEL_POINTS = ((1, 1.0), (2, 1.2), (3, 1.33), (4, 1.48), (5, 1.55), (6, 1.73), (8, 2.05), (9, 2.59), (12, 2.91), (16, 3.5))
 
 
 def invariant_cost(n: int, width: int = 3) -> float:
@@ -80,8 +89,13 @@ def backend_cost(runner) -> CostCurve:
         if not getattr(runner, "batch_invariant", False):
             return default_cost
         width = runner.model.invariant_width
+        if runner.model.uses_kernel:  # the row-wise kernel's curve, in passes of `width` rows
+            return kernel_cost if width == KERNEL_WIDTH else split_cost(kernel_cost, width)
         return invariant_cost if width == 3 else (lambda n: invariant_cost(n, width))
     return split_cost(interpolated(LLAMACPP_POINTS), runner.invariant_rows)
+
+
+kernel_cost = interpolated(KERNEL_POINTS)
 
 
 def relative(ms: Sequence[float]) -> list[float]:

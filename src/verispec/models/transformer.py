@@ -21,23 +21,31 @@ Weights use our own names and fused layouts (see `WEIGHT_NAMES`):
     layers.{i}.post_mlp_norm.weight [hidden]                                    sandwich only
 Norm weights are stored as applied: Gemma's (1 + w) offset is folded in by the loaders.
 
-Projections run as `W @ x^T` (see `_project`), not `F.linear(x, W)`: on this CPU (MKL, float32)
-the latter runs a few rows as separate single-threaded matrix-vector products. Measured over
-SmolLM2's 121 fused projections, ms for T rows (noisy machine, best of 4):
+Decoding and verification rows (fewer than 48 in a segment), float32 on AVX-512: the row-wise
+kernel (models/rowwise.py, kernels/rowwise.cpp) computes their projections (one pass over the
+weights per 8 rows, near the memory bandwidth) and their attention (one query row at a time over
+exactly the keys it sees), each with one fixed arithmetic whatever the rows beside it. Measured
+here, a forward after 512 tokens (ms, SmolLM2 / Gemma 3): 1 row 11.1 / 17.5, 5 rows 17.2 / 25.4,
+8 rows 22.7 / 33.5; before it (MKL, batch-invariant) 16.0 / 24.3, 40.1 / 62.7, 61.9 / 100.7.
+Prompts (48+ rows) go through F.linear and SDPA's flash kernel. Without the kernel (another
+dtype, a CPU without AVX-512, VERISPEC_KERNELS=0) projections run as `W @ x^T` through MKL
+(see `_project`), not `F.linear(x, W)`, which runs a few rows as separate single-threaded
+matrix-vector products. Measured over SmolLM2's 121 fused projections, ms for T rows (noisy
+machine, best of 4):
     T            1     2     4     8     16
     F.linear     48   103    89    92   111
     W @ x^T      31*   28    42    66    72      (* one row padded to two)
 
-Batch invariance (`batch_invariant=True`): MKL computes a column of `W @ x^T` with the same
-arithmetic as a one-row product only while the product has at most 3 columns (from 4 on it
-switches kernels: results move by ~1e-5), and torch's softmax rounds a row differently when
-masked columns follow it. So in this mode every row that wants its logits (decoding and
-verification rows) is computed with the shapes of a one-token decode: projections in chunks
-of 2-3 rows (`invariant_chunks`), attention one row at a time over exactly the keys it sees,
-the MLP's activation one row at a time (`_gated`).
+Batch invariance (`batch_invariant=True`): every row that wants its logits (decoding and
+verification rows) gets bit for bit the logits a one-token decode gives it. With the kernel that
+holds by construction for its products and attention; the MLP's activation runs one row at a
+time (`_gated`). Without it: MKL computes a column of `W @ x^T` with the same arithmetic as a
+one-row product only while the product has at most 3 columns (from 4 on it switches kernels:
+results move by ~1e-5), and torch's softmax rounds a row differently when masked columns follow
+it, so projections run in chunks of 2-3 rows (`invariant_chunks`) and attention one row at a
+time over exactly the keys it sees (`_attention_row`).
 A verified draft, a request decoded beside others in the server's batch and a plain decoding
-step then give bit-identical logits for the same row (tests/test_batch_invariance.py); the
-price is one pass over the weights per 2-3 verified rows instead of one per forward.
+step then give bit-identical logits for the same row (tests/test_batch_invariance.py).
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from verispec.models import rowwise
 from verispec.models.config import SLIDING, ModelConfig, RopeConfig
 from verispec.models.kv_cache import KVCache
 
@@ -115,13 +124,19 @@ class Layer:
 
 
 def _project(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [T, in], w [out, in] (+ bias [out]) -> [T, out], computed as (w @ x^T)^T.
+    """x [T, in], w [out, in] (+ bias [out]) -> [T, out].
 
-    MKL parallelises a product with two or more columns but runs a single column on one thread,
-    so one row is duplicated and the copy's result dropped (~10% faster than x @ w^T here).
-    From 48 rows on (prompt processing) F.linear is the faster of the two."""
+    Up to 47 rows (decoding, verification) in float32: the row-wise kernel (models/rowwise.py),
+    which reads the weights once per 8 rows near the memory bandwidth and gives each row the same
+    arithmetic whatever its neighbours. Without it, (w @ x^T)^T through MKL: MKL parallelises a
+    product with two or more columns but runs a single column on one thread, so one row is
+    duplicated and the copy's result dropped (~10% faster than x @ w^T here).
+    From 48 rows on (prompt processing) F.linear is the faster."""
     if x.shape[0] >= 48:  # prompt processing: MKL's usual GEMM is faster here (~25% at 64+ rows)
         return F.linear(x, w, bias)
+    if x.dtype == torch.float32 and w.dtype == torch.float32 and w.is_contiguous() and (k := rowwise.kernel()) is not None:
+        y = k.rows_mm(x, w)
+        return (y + bias) if bias is not None else y
     if x.shape[0] == 1:
         y = torch.mm(w, torch.cat([x, x]).t())[:, :1].t()
     else:
@@ -129,12 +144,16 @@ def _project(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None)
     return (y + bias) if bias is not None else y.contiguous()
 
 
+KERNEL_WIDTH = 8  # rows per pass of the row-wise kernel over the weights (kernels/rowwise.cpp)
+
+
 def invariant_chunks(n: int, width: int = 3) -> list[int]:
     """Row counts of the products a batch-invariant forward splits n rows into, none wider than
-    `width` (the widest product MKL computes row by row like a one-row one; `probe_invariant_width`).
-    Width 3: 3s, with a remaining 4 as 2 + 2 (a 1-row product costs what a 2-row one does):
-    5 -> [3, 2], 8 -> [3, 3, 2]. Narrower: n // width products of width and one of the rest."""
-    if width < 3:
+    `width` (the widest product computed row by row like a one-row one; `probe_invariant_width`).
+    Width 3 (MKL): 3s, with a remaining 4 as 2 + 2 (a 1-row product costs what a 2-row one does):
+    5 -> [3, 2], 8 -> [3, 3, 2]. Any other width (the row-wise kernel's 8, a narrower MKL):
+    n // width products of width and one of the rest: 8 -> [8], 11 -> [8, 3]."""
+    if width != 3:
         return [width] * (n // width) + ([n % width] if n % width else [])
     sizes = []
     while n > 4:
@@ -145,9 +164,10 @@ def invariant_chunks(n: int, width: int = 3) -> list[int]:
 
 def probe_invariant_width(weights: list[torch.Tensor], max_width: int = 3) -> int:
     """The widest product, up to max_width rows, that gives every row bit for bit what a one-row
-    product gives it (`_project`, one row padded to two), for each of `weights` (one of every shape
-    the model multiplies by). 3 with MKL on the CPUs measured here; an MKL that rounds otherwise
-    gets narrower products, 1 at worst (every row alone), instead of rows that drift."""
+    product gives it (`_project`), for each of `weights` (one of every shape the model multiplies
+    by). The row-wise kernel: 8 (KERNEL_WIDTH) by construction; MKL: 3 on the CPUs measured here.
+    A library that rounds otherwise gets narrower products, 1 at worst (every row alone), instead
+    of rows that drift."""
     g = torch.Generator().manual_seed(0)
     width = max_width
     with torch.inference_mode():
@@ -236,13 +256,17 @@ class Transformer:
         self._has_sliding = any(layer.sliding for layer in self.layers)
         self._q_heads = c.num_heads
         self._qk_heads = c.num_heads + c.num_kv_heads
-        self.invariant_width = 3
+        # the row-wise kernel computes decoding rows where it can (float32, AVX-512: `_project`)
+        self._kernel = rowwise.kernel() if self.dtype == torch.float32 else None
+        self.uses_kernel = self._kernel is not None
+        widest = KERNEL_WIDTH if self.uses_kernel else 3
+        self.invariant_width = widest
         if batch_invariant:
             first = self.layers[0]
-            self.invariant_width = probe_invariant_width([first.qkv, first.o, first.gate_up, first.down, self.lm_head])
-            if self.invariant_width < 3:
-                print(f"[verispec] batch invariance: this MKL keeps rows apart only in products of "
-                      f"{self.invariant_width} row(s); verification runs in products that narrow", file=sys.stderr)
+            self.invariant_width = probe_invariant_width([first.qkv, first.o, first.gate_up, first.down, self.lm_head], widest)
+            if self.invariant_width < widest:
+                print(f"[verispec] batch invariance: products keep rows apart only up to "
+                      f"{self.invariant_width} row(s) here; verification runs in products that narrow", file=sys.stderr)
 
     def new_cache(self, capacity: int) -> KVCache:
         c = self.config
@@ -282,7 +306,8 @@ class Transformer:
             if start + T > s.cache.capacity:
                 raise IndexError(f"sequence of {start + T} tokens exceeds its cache capacity {s.cache.capacity}")
             rowwise = self.batch_invariant and T > 1 and s.num_logits == T
-            spans.append(_Span(row, start, start + T, {} if rowwise else self._masks(start, start + T, T), rowwise))
+            no_mask = rowwise or (self.uses_kernel and T < 48)  # attention one row at a time needs none
+            spans.append(_Span(row, start, start + T, {} if no_mask else self._masks(start, start + T, T), rowwise))
             row += T
         groups = self._row_groups(segments, self.invariant_width) if self.batch_invariant else None
         tokens = segments[0].tokens if len(segments) == 1 else torch.cat([s.tokens for s in segments])
@@ -411,7 +436,7 @@ class Transformer:
             return self.act(gate) * up
         parts = []
         for g, u in zip(gate.split(groups), up.split(groups)):
-            if g.shape[0] <= 3:
+            if g.shape[0] <= self.invariant_width:
                 parts += [self.act(g[r : r + 1]) * u[r : r + 1] for r in range(g.shape[0])]
             else:
                 parts.append(self.act(g) * u)
@@ -432,6 +457,10 @@ class Transformer:
         for s, sp in zip(segments, spans):
             rows = slice(sp.row, sp.row + sp.end - sp.start)
             s.cache.write(i, sp.start, k[rows].transpose(0, 1), v[rows].transpose(0, 1))
+            if self.uses_kernel and sp.end - sp.start < 48:  # decoding, verification: the kernel's per-row attention
+                window = c.sliding_window if (layer.sliding and c.sliding_window) else 0
+                outs.append(self._kernel.attention_rows(q[rows], s.cache.keys[i], s.cache.values[i], sp.start, window, c.scale))
+                continue
             if sp.rowwise:
                 outs += [self._attention_row(i, layer, q[r : r + 1], s.cache, p) for r, p in zip(range(rows.start, rows.stop), range(sp.start, sp.end))]
                 continue

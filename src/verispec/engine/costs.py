@@ -27,7 +27,7 @@ def default_cost(n: int) -> float:
     """The torch backend's curve when nothing was measured (batch invariance off).
 
     Measured here for SmolLM2 in float32 (ms): n = 1: 42, 2: 41, 4: 58, 8: 105 -> ~1 + 0.15 (n - 1)
-    up to 8 tokens (before the row-wise kernel; with it: 11.1, 13.1, 15.7, 22.0, still ~1 + 0.15 (n - 1))."""
+    up to 8 tokens (before the row-wise kernels; with them: 8.0, 9.9, 12.9, 18.8, ~1 + 0.18 (n - 1))."""
     return 1.0 + 0.15 * (n - 1)
 
 
@@ -38,11 +38,11 @@ def default_cost(n: int) -> float:
 INVARIANT_CHUNK_COST = {1: 1.0, 2: 1.1, 3: 1.55}
 
 
-# The torch backend with the row-wise kernel (models/rowwise.py, float32 on AVX-512), batch-invariant
-# or not: one pass over the weights per 8 rows, each row's attention in the kernel. Measured here at
-# 512 of context (ms, best of 5; SmolLM2, the steeper of the two models, with Gemma 3 in brackets):
-# n = 1: 11.1 (17.5), 2: 13.3 (19.7), 4: 16.4 (23.2), 8: 22.7 (33.5), 9: 28.8 (47.0), 16: 38.8 (61.9).
-KERNEL_POINTS = ((1, 1.0), (2, 1.2), (3, 1.33), (4, 1.48), (5, 1.55), (6, 1.73), (8, 2.05), (9, 2.59), (12, 2.91), (16, 3.5))
+# The torch backend with the row-wise kernels (models/rowwise.py, float32 on AVX-512), batch-invariant
+# or not: each layer in one call, one pass over the weights per 8 rows. Measured here at 512 of
+# context (ms, best of 5; SmolLM2, the steeper of the two models, with Gemma 3 in brackets):
+# n = 1: 8.4 (15.5), 2: 10.4 (17.3), 4: 13.1 (20.8), 8: 18.8 (29.4), 9: 24.1 (41.6), 16: 33.6 (54.7).
+KERNEL_POINTS = ((1, 1.0), (2, 1.24), (3, 1.39), (4, 1.56), (5, 1.68), (6, 1.89), (8, 2.24), (9, 2.87), (12, 3.27), (16, 4.0))
 
 
 def invariant_cost(n: int, width: int = 3) -> float:

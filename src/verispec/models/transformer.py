@@ -21,13 +21,13 @@ Weights use our own names and fused layouts (see `WEIGHT_NAMES`):
     layers.{i}.post_mlp_norm.weight [hidden]                                    sandwich only
 Norm weights are stored as applied: Gemma's (1 + w) offset is folded in by the loaders.
 
-Decoding and verification rows (fewer than 48 in a segment), float32 on AVX-512: the row-wise
-kernel (models/rowwise.py, kernels/rowwise.cpp) computes their projections (one pass over the
-weights per 8 rows, near the memory bandwidth) and their attention (one query row at a time over
-exactly the keys it sees), each with one fixed arithmetic whatever the rows beside it. Measured
-here, a forward after 512 tokens (ms, SmolLM2 / Gemma 3): 1 row 11.1 / 17.5, 5 rows 17.2 / 25.4,
-8 rows 22.7 / 33.5; before it (MKL, batch-invariant) 16.0 / 24.3, 40.1 / 62.7, 61.9 / 100.7.
-Prompts (48+ rows) go through F.linear and SDPA's flash kernel. Without the kernel (another
+Decoding and verification rows (segments of fewer than 48 tokens), float32 on AVX-512: the
+row-wise kernels (models/rowwise.py, kernels/) run each layer in one call (`_forward_rows`): its
+projections (one pass over the weights per 8 rows, near the memory bandwidth), its attention (one
+query row at a time over exactly the keys it sees) and the glue between them (norms, RoPE, the
+cache write, the activation), each with one fixed arithmetic whatever the rows beside it.
+Prompts (48+ tokens) go through `_layer`: F.linear and SDPA's flash kernel; a batch that mixes
+both runs them as two forwards. Without the kernel (another
 dtype, a CPU without AVX-512, VERISPEC_KERNELS=0) projections run as `W @ x^T` through MKL
 (see `_project`), not `F.linear(x, W)`, which runs a few rows as separate single-threaded
 matrix-vector products. Measured over SmolLM2's 121 fused projections, ms for T rows (noisy
@@ -144,6 +144,7 @@ def _project(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None)
     return (y + bias) if bias is not None else y.contiguous()
 
 
+PROMPT_ROWS = 48  # segments this long or longer are prompts: F.linear and SDPA's flash kernel
 KERNEL_WIDTH = 8  # rows per pass of the row-wise kernel over the weights (kernels/rowwise.cpp)
 
 
@@ -299,15 +300,23 @@ class Transformer:
         c = self.config
         if len({id(s.cache) for s in segments}) != len(segments):
             raise ValueError("a sequence appears twice in one batch")
+        for s in segments:
+            if s.cache.length + s.tokens.shape[0] > s.cache.capacity:
+                raise IndexError(f"sequence of {s.cache.length + s.tokens.shape[0]} tokens exceeds its cache capacity {s.cache.capacity}")
+        if self.uses_kernel:
+            short = [s.tokens.shape[0] < PROMPT_ROWS for s in segments]
+            if all(short):
+                return self._forward_rows(segments)
+            if any(short):  # decoding rows apart from prompts: a decode's arithmetic whatever the batch
+                rows_out = iter(self._forward_rows([s for s, sh in zip(segments, short) if sh]))
+                long_out = iter(self.forward_batch([s for s, sh in zip(segments, short) if not sh]))
+                return [next(rows_out) if sh else next(long_out) for sh in short]
         spans: list[_Span] = []
         row = 0
         for s in segments:
             T, start = s.tokens.shape[0], s.cache.length
-            if start + T > s.cache.capacity:
-                raise IndexError(f"sequence of {start + T} tokens exceeds its cache capacity {s.cache.capacity}")
             rowwise = self.batch_invariant and T > 1 and s.num_logits == T
-            no_mask = rowwise or (self.uses_kernel and T < 48)  # attention one row at a time needs none
-            spans.append(_Span(row, start, start + T, {} if no_mask else self._masks(start, start + T, T), rowwise))
+            spans.append(_Span(row, start, start + T, {} if rowwise else self._masks(start, start + T, T), rowwise))
             row += T
         groups = self._row_groups(segments, self.invariant_width) if self.batch_invariant else None
         tokens = segments[0].tokens if len(segments) == 1 else torch.cat([s.tokens for s in segments])
@@ -320,6 +329,41 @@ class Transformer:
         for i, layer in enumerate(self.layers):
             cos, sin = ropes.get(layer.sliding, ropes[False])  # [N, head_dim] each
             x = self._layer(i, layer, x, segments, spans, cos, sin, groups)
+        return self._outputs(segments, spans, x)
+
+    def _forward_rows(self, segments: list[Segment]) -> list[ForwardOutput]:
+        """forward_batch for segments of fewer than PROMPT_ROWS tokens each (decoding, verification,
+        short prompts) through the kernel's whole layer (kernels/layer.cpp): one call per layer."""
+        c = self.config
+        spans, rows, starts, row = [], [], [], 0
+        for s in segments:
+            T, start = s.tokens.shape[0], s.cache.length
+            s.cache.reserve(start + T)  # the layer writes keys and values into the cache's buffers
+            spans.append(_Span(row, start, start + T, {}))
+            rows.append(row)
+            starts.append(start)
+            row += T
+        tokens = segments[0].tokens if len(segments) == 1 else torch.cat([s.tokens for s in segments])
+        x = F.embedding(tokens, self.embed)  # [N, hidden]
+        if c.embed_scale != 1.0:
+            x = x * self.embed_scale
+        ropes = {False: self._rope(self.rope, spans)}
+        if self.rope_local is not self.rope:
+            ropes[True] = self._rope(self.rope_local, spans)
+        gelu = c.activation != "silu"
+        for i, L in enumerate(self.layers):
+            cos, sin = ropes.get(L.sliding, ropes[False])  # [N, head_dim] each
+            window = c.sliding_window if (L.sliding and c.sliding_window) else 0
+            x = self._kernel.decode_layer(
+                x, L.attn_norm, L.qkv, L.qkv_bias, L.qk_norm, L.o, L.post_attn_norm, L.mlp_norm, L.gate_up, L.down,
+                L.post_mlp_norm, cos, sin, [s.cache.keys[i] for s in segments], [s.cache.values[i] for s in segments],
+                rows, starts, c.num_heads, c.num_kv_heads, window, c.scale, c.rms_eps, gelu,
+            )  # [N, hidden]
+        return self._outputs(segments, spans, x)
+
+    def _outputs(self, segments: list[Segment], spans: list[_Span], x: torch.Tensor) -> list[ForwardOutput]:
+        """The caches' new lengths, the final norm, and logits at the rows that want them."""
+        c = self.config
         for s, span in zip(segments, spans):
             s.cache.length = span.end
         h = self._norm(x, self.norm)  # [N, hidden]
@@ -457,10 +501,6 @@ class Transformer:
         for s, sp in zip(segments, spans):
             rows = slice(sp.row, sp.row + sp.end - sp.start)
             s.cache.write(i, sp.start, k[rows].transpose(0, 1), v[rows].transpose(0, 1))
-            if self.uses_kernel and sp.end - sp.start < 48:  # decoding, verification: the kernel's per-row attention
-                window = c.sliding_window if (layer.sliding and c.sliding_window) else 0
-                outs.append(self._kernel.attention_rows(q[rows], s.cache.keys[i], s.cache.values[i], sp.start, window, c.scale))
-                continue
             if sp.rowwise:
                 outs += [self._attention_row(i, layer, q[r : r + 1], s.cache, p) for r, p in zip(range(rows.start, rows.stop), range(sp.start, sp.end))]
                 continue

@@ -14,14 +14,14 @@
 // Work split: threads (torch's OpenMP pool, at::parallel_for) take blocks of OB consecutive
 // outputs; within a block the rows go 1-8 at a time (templates R = 1..8), the block's weights
 // staying in L1 while every row passes. The next block's weights are prefetched.
-#include <torch/extension.h>
+#include "rowwise.h"
+
 #include <ATen/Parallel.h>
 
 #include <cmath>
 #include <vector>
 
 #ifdef __AVX512F__
-#include <immintrin.h>
 
 namespace {
 
@@ -82,25 +82,6 @@ constexpr RowsFn kRows[9] = {nullptr, rows<1>, rows<2>, rows<3>, rows<4>, rows<5
 
 namespace {
 
-// e^x for x <= 0 (softmax arguments): x = n ln2 + r, |r| <= ln2 / 2, degree-6 Taylor polynomial
-// of e^r (Horner), scaled by 2^n; below -87, 0.
-inline __m512 exp_neg(__m512 x) {
-  const __m512 lo = _mm512_set1_ps(-87.0f);
-  const __mmask16 tiny = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-  x = _mm512_max_ps(x, lo);
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~tiny), _mm512_scalef_ps(p, n));
-}
-
 inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
   __m512 acc = _mm512_setzero_ps();
   int64_t i = 0;
@@ -125,13 +106,13 @@ void attend(const float* q, const float* keys, const float* values, float* out, 
   __m512 vsum = _mm512_setzero_ps();
   int64_t j = 0;
   for (; j + 16 <= S; j += 16) {
-    const __m512 e = exp_neg(_mm512_sub_ps(_mm512_loadu_ps(scores + j), vmx));
+    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(scores + j), vmx));
     _mm512_storeu_ps(scores + j, e);
     vsum = _mm512_add_ps(vsum, e);
   }
   if (j < S) {
     const __mmask16 m = static_cast<__mmask16>((1u << (S - j)) - 1);
-    const __m512 e = _mm512_maskz_mov_ps(m, exp_neg(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + j), vmx)));
+    const __m512 e = _mm512_maskz_mov_ps(m, exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + j), vmx)));
     _mm512_mask_storeu_ps(scores + j, m, e);
     vsum = _mm512_add_ps(vsum, e);
   }
@@ -216,10 +197,20 @@ torch::Tensor attention_rows(torch::Tensor q, torch::Tensor, torch::Tensor, int6
   return q;
 }
 
+torch::Tensor decode_layer(torch::Tensor x, torch::Tensor, torch::Tensor, std::optional<torch::Tensor>, std::optional<torch::Tensor>,
+                           torch::Tensor, std::optional<torch::Tensor>, torch::Tensor, torch::Tensor, torch::Tensor,
+                           std::optional<torch::Tensor>, torch::Tensor, torch::Tensor, std::vector<torch::Tensor>,
+                           std::vector<torch::Tensor>, std::vector<int64_t>, std::vector<int64_t>, int64_t, int64_t, int64_t,
+                           double, double, bool) {
+  TORCH_CHECK(false, "decode_layer: built without AVX-512");
+  return x;
+}
+
 #endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("available", &available);
   m.def("rows_mm", &rows_mm, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("attention_rows", &attention_rows, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("decode_layer", &decode_layer, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

@@ -52,16 +52,27 @@ class CostProfile:
 
 
 def measure_bandwidth(mib: int = 512, repeats: int = 5) -> float:
-    """Read bandwidth in GB/s: the best of a few sums over a buffer far larger than the caches."""
+    """Read bandwidth in GB/s: the best of a few passes over a buffer far larger than the caches,
+    by torch's sum and, where it builds, the row-wise kernel's one-row product. The sum alone
+    varied 51-101 GB/s between runs here (how the buffer's pages were mapped), the kernel
+    84-86, so the faster of the two answers."""
     import torch
 
+    from verispec.models import rowwise
+
     x = torch.ones(mib * 2**20 // 4)
-    x.sum()
+    passes = [x.sum]
+    kernel = rowwise.kernel()
+    if kernel is not None:
+        w, row = x.view(-1, 4096), torch.ones(1, 4096)
+        passes.append(lambda: kernel.rows_mm(row, w))
     best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - t)
+    for run in passes:
+        run()
+        for _ in range(repeats):
+            t = time.perf_counter()
+            run()
+            best = min(best, time.perf_counter() - t)
     return x.numel() * 4 / best / 1e9
 
 

@@ -134,7 +134,7 @@ def _project(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None)
     From 48 rows on (prompt processing) F.linear is the faster."""
     if x.shape[0] >= 48:  # prompt processing: MKL's usual GEMM is faster here (~25% at 64+ rows)
         return F.linear(x, w, bias)
-    if x.dtype == torch.float32 and w.dtype == torch.float32 and w.is_contiguous() and (k := rowwise.kernel()) is not None:
+    if x.dtype == torch.float32 and w.dtype == torch.float32 and w.device.type == "cpu" and w.is_contiguous() and (k := rowwise.kernel()) is not None:
         y = k.rows_mm(x, w)
         return (y + bias) if bias is not None else y
     if x.shape[0] == 1:
@@ -258,7 +258,7 @@ class Transformer:
         self._q_heads = c.num_heads
         self._qk_heads = c.num_heads + c.num_kv_heads
         # the row-wise kernel computes decoding rows where it can (float32, AVX-512: `_project`)
-        self._kernel = rowwise.kernel() if self.dtype == torch.float32 else None
+        self._kernel = rowwise.kernel() if self.dtype == torch.float32 and self.lm_head.device.type == "cpu" else None
         self.uses_kernel = self._kernel is not None
         widest = KERNEL_WIDTH if self.uses_kernel else 3
         self.invariant_width = widest

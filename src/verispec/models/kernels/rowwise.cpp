@@ -142,6 +142,7 @@ torch::Tensor attention_rows(torch::Tensor q, torch::Tensor keys, torch::Tensor 
               "attention_rows: q [T, H, D], keys and values [KVH, A, D], got ", q.sizes(), ", ", keys.sizes(), ", ", values.sizes());
   TORCH_CHECK(q.scalar_type() == at::kFloat && keys.scalar_type() == at::kFloat && values.scalar_type() == at::kFloat, "attention_rows: float32 only");
   TORCH_CHECK(keys.is_contiguous() && values.is_contiguous(), "attention_rows: keys and values must be contiguous");
+  TORCH_CHECK(q.device().is_cpu() && keys.device().is_cpu() && values.device().is_cpu(), "attention_rows: CPU tensors only");
   q = q.contiguous();
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), KVH = keys.size(0), A = keys.size(1);
   TORCH_CHECK(KVH > 0 && H % KVH == 0, "attention_rows: heads must be a multiple of kv heads");
@@ -169,6 +170,7 @@ torch::Tensor rows_mm(torch::Tensor x, torch::Tensor w) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1),
               "rows_mm: x [R, in] and w [out, in], got ", x.sizes(), " and ", w.sizes());
   TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "rows_mm: float32 only");
+  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "rows_mm: CPU tensors only");
   TORCH_CHECK(w.is_contiguous(), "rows_mm: w must be contiguous");
   x = x.contiguous();
   const int64_t R = x.size(0), in = x.size(1), out = w.size(0);

@@ -66,9 +66,11 @@ def test_profile_measures_the_cost_curve(tiny_dir, tmp_path, capsys):
     assert all(ms > 0 for ms in profile.ms["128"])
     assert profile.cost(4, 100) == profile.ms["128"][3]
     assert profile.bandwidth_gbs > 0 and profile.weight_bytes > 0 and profile.linear_floor_ms > 0
+    assert 0 < profile.linear_floor_ms < profile.forward_best_ms  # the linear layers are part of the forward
     assert 0 < profile.bound_ms < profile.cost(1, 128)  # nothing beats reading the weights once
     printed = capsys.readouterr().out
     assert "forward cost" in printed and "fraction of bound" in printed
+    assert f"{profile.forward_best_ms:.1f} / {profile.linear_floor_ms:.1f} = " in printed
     # the engine reads it back to choose k
     from verispec import LLM
     from verispec.engine.costs import default_cost

@@ -31,7 +31,8 @@ class CostProfile:
     weights_format: str = "float32"
     weight_bytes: int = 0
     bandwidth_gbs: float = 0.0  # measured read bandwidth of this machine
-    linear_floor_ms: float | None = None  # torch: one token through every linear layer
+    linear_floor_ms: float | None = None  # torch: one token through every linear layer, best of 10
+    forward_best_ms: float | None = None  # torch: a one-token forward after 512 tokens, best of 10, beside the floor
 
     @property
     def bound_ms(self) -> float:
@@ -97,6 +98,18 @@ def linear_floor_ms(runner, repeats: int = 10, project=None) -> float:
     return best * 1000
 
 
+def floor_pair(runner, context: int = 512, rounds: int = 3) -> tuple[float, float]:
+    """(one-token forward after `context` tokens, linear floor): each the best of 10, the two timed
+    in turn for `rounds` rounds, so they see the same machine. Like for like: the profile's
+    curve holds medians, and a median forward over a best-of floor read 1.30x where best over best
+    read 1.18-1.20x (SmolLM2, 2026-12-03)."""
+    forward, floor = float("inf"), float("inf")
+    for _ in range(rounds):
+        forward = min(forward, time_forwards(runner, context, [1], repeats=10, best=True)[0])
+        floor = min(floor, linear_floor_ms(runner))
+    return forward, floor
+
+
 def run_profiles(model: str, backends: list[str], out: Path) -> int:
     """Profile each backend[:format]; print the tables and save cost_profile-<backend>.json each."""
     from verispec import LLM
@@ -115,7 +128,7 @@ def run_profiles(model: str, backends: list[str], out: Path) -> int:
         profile.weight_bytes = llm.runner.weight_bytes
         profile.bandwidth_gbs = bandwidth
         if backend == "torch":
-            profile.linear_floor_ms = linear_floor_ms(llm.runner)
+            profile.forward_best_ms, profile.linear_floor_ms = floor_pair(llm.runner, min(512, llm.runner.max_context - 1))
         path = out / f"cost_profile-{spec.replace(':', '-')}.json"
         profile.save(path)
         profiles.append(profile)
@@ -128,12 +141,16 @@ def run_profiles(model: str, backends: list[str], out: Path) -> int:
 
 def summary(profiles: list[CostProfile]) -> str:
     lines = [
-        "| backend | weights | weight MB | one-token forward ms (ctx 512) | bandwidth bound ms | fraction of bound | linear floor ms | forward / floor |",
+        "| backend | weights | weight MB | one-token forward ms (ctx 512, median) | bandwidth bound ms | fraction of bound | "
+        "linear floor ms (best of 10) | forward / floor (best of 10 each, timed in turn) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for p in profiles:
         one = p.cost(1, 512)
-        floor = f"{p.linear_floor_ms:.1f} | {one / p.linear_floor_ms:.2f}x" if p.linear_floor_ms else "- | -"
+        floor = "- | -"
+        if p.linear_floor_ms:
+            forward = p.forward_best_ms or one  # profiles saved before forward_best_ms: the median
+            floor = f"{p.linear_floor_ms:.1f} | {forward:.1f} / {p.linear_floor_ms:.1f} = {forward / p.linear_floor_ms:.2f}x"
         lines.append(
             f"| {p.backend} | {p.weights_format} | {p.weight_bytes / 1e6:.0f} | {one:.1f} | {p.bound_ms:.1f} | "
             f"{p.bound_ms / one:.2f} | {floor} |"

@@ -152,3 +152,20 @@ def test_policy_backs_off_and_probes():
     # drafting that costs as much as a target forward per token needs high acceptance to pay
     policy.draft_cost = 1.0
     assert policy.best_k(0.5) == 0
+
+
+def test_policy_does_not_probe_where_drafting_could_gain_little():
+    """llama.cpp's measured Q8_0 curve for SmolLM2 (verifying 1 draft costs 2.1 forwards): even at
+    0.95 acceptance the best k gains < 10%, so failed drafts are not followed by probes; the torch
+    backend's curve gains ~2.9x there and keeps probing."""
+    steep = [1.0, 2.1, 2.73, 3.24, 3.92]
+    flat = [1.0, 1.06, 1.18, 1.22, 1.37]
+    for curve, probes in ((steep, False), (flat, True)):
+        policy = SpeculationPolicy(max_k=4, cost=lambda n, c=curve: c[n - 1])
+        assert (policy.gain(0.95) >= 1.1) is probes
+        est = AcceptanceEstimate()
+        for _ in range(30):
+            est.observe(4, 0)
+        ks = [policy.choose(est, batch_size=1) for _ in range(200)]
+        assert any(ks) is probes
+    assert SpeculationPolicy(max_k=4, cost=lambda n: steep[n - 1]).best_k(0.99) > 0  # it still drafts where it pays

@@ -148,9 +148,8 @@ def summary(profiles: list[CostProfile]) -> str:
     for p in profiles:
         one = p.cost(1, 512)
         floor = "- | -"
-        if p.linear_floor_ms:
-            forward = p.forward_best_ms or one  # profiles saved before forward_best_ms: the median
-            floor = f"{p.linear_floor_ms:.1f} | {forward:.1f} / {p.linear_floor_ms:.1f} = {forward / p.linear_floor_ms:.2f}x"
+        if p.linear_floor_ms:  # run_profiles times forward_best_ms with it
+            floor = f"{p.linear_floor_ms:.1f} | {p.forward_best_ms:.1f} / {p.linear_floor_ms:.1f} = {p.forward_best_ms / p.linear_floor_ms:.2f}x"
         lines.append(
             f"| {p.backend} | {p.weights_format} | {p.weight_bytes / 1e6:.0f} | {one:.1f} | {p.bound_ms:.1f} | "
             f"{p.bound_ms / one:.2f} | {floor} |"

@@ -100,7 +100,6 @@ class SpeculationPolicy:
         self.probe_k = min(probe_k, max_k)
         self.draft_cost = draft_cost
         self.chunks = chunks
-        self._probing: dict[tuple, bool] = {}  # (early_exit, draft_cost, cost) -> whether to probe
 
     def step_cost(self, n: int, a: float, early_exit: bool) -> float:
         """Expected cost of verifying n rows. With `early_exit` (greedy, on a runner that verifies
@@ -132,12 +131,6 @@ class SpeculationPolicy:
         rates = self.rates(a, early_exit)
         return max(rates) / rates[0]
 
-    def _probes(self, early_exit: bool) -> bool:
-        key = (early_exit, self.draft_cost, id(self.cost))
-        if key not in self._probing:
-            self._probing[key] = self.gain(PROBE_RATE, early_exit) >= MIN_PROBE_GAIN
-        return self._probing[key]
-
     def choose(self, estimate: AcceptanceEstimate, batch_size: int, early_exit: bool = False) -> int:
         if self.max_k == 0:
             return 0
@@ -150,7 +143,7 @@ class SpeculationPolicy:
             estimate.steps_without_draft = 0
             estimate.probe_interval = self.probe_every
             return k
-        if not self._probes(early_exit):  # drafting could gain little here: no probe
+        if self.gain(PROBE_RATE, early_exit) < MIN_PROBE_GAIN:  # drafting could gain little here: no probe (~3 us)
             return 0
         estimate.steps_without_draft += 1
         interval = estimate.probe_interval or self.probe_every

@@ -18,7 +18,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from verispec import LLM, SamplingParams
-from verispec.demo import find_spec_bench, load_questions, subtask
+from verispec.data import find_spec_bench, load_questions, subtask
 from verispec.bench.run import SUBTASKS
 from verispec.proposers.prompt_lookup import find_continuation
 

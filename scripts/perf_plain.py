@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from verispec import LLM, SamplingParams
 from verispec.bench.profile import linear_floor_ms
-from verispec.demo import find_spec_bench, load_questions
+from verispec.data import find_spec_bench, load_questions
 from verispec.models.registry import resolve
 
 

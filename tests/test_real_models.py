@@ -1,11 +1,11 @@
 """The bundled real models: parity with Hugging Face on the same GGUF, lossless greedy decoding on
-Spec-Bench prompts, real chat text, and the on-disk conversion cache."""
+the project's own prompts (Spec-Bench's kinds of task), real chat text, and the on-disk conversion cache."""
 
 import pytest
 import torch
 
 from verispec import LLM, SamplingParams
-from verispec.demo import find_spec_bench, load_questions, pick_spread
+from verispec.data import pick_spread, questions as prompt_set
 from verispec.models import loaders
 from verispec.models.registry import load_model, resolve
 
@@ -33,10 +33,10 @@ def test_logits_match_hf_on_a_real_prompt(bundled):
     assert int(ours[-1].argmax()) == int(ref[-1].argmax())
 
 
-def test_greedy_speculative_equals_plain_on_spec_bench(bundled):
+def test_greedy_speculative_equals_plain_on_the_projects_prompts(bundled):
     name, llm = bundled
     spec = LLM(name, speculative={"method": "prompt_lookup", "num_speculative_tokens": 4})
-    questions = pick_spread(load_questions(find_spec_bench()), 3)
+    questions = pick_spread(prompt_set(None), 3)
     params = SamplingParams(temperature=0.0, max_tokens=40)
     accepted = 0
     for q in questions:

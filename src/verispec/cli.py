@@ -68,8 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_parser(gen)
     add_dataclass_flags(gen, SamplingParams)
 
-    demo = sub.add_parser("demo", help="plain vs speculative on a few Spec-Bench prompts: identical? how much faster?")
-    demo.add_argument("--questions", default=None, help="Spec-Bench question.jsonl (default: ../shared/data/spec_bench)")
+    demo = sub.add_parser("demo", help="plain vs speculative on a few prompts: identical? how much faster?")
+    demo.add_argument("--questions", default=None,
+                      help="a question file (Spec-Bench's question.jsonl), or 'spec_bench' to find Spec-Bench "
+                      "($VERISPEC_SPEC_BENCH, ../shared/data/spec_bench); default: the project's own prompts")
     demo.add_argument("--num-prompts", type=int, default=4, help="prompts to run (default: 4)")
     demo.add_argument("--max-tokens", type=int, default=96, help="new tokens per prompt (default: 96)")
     _engine_parser(demo)

@@ -1,73 +1,17 @@
-"""`verispec demo`: the bundled model decodes a few Spec-Bench prompts plainly and speculatively,
-side by side (interleaved per prompt), and shows whether the outputs are identical and the speedup."""
+"""`verispec demo`: the bundled model decodes a few prompts plainly and speculatively, side by side
+(interleaved per prompt), and shows whether the outputs are identical and the speedup. The prompts
+are the project's own (verispec.prompts: Spec-Bench's six kinds of task), or a question file."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
-from pathlib import Path
 
 from tqdm import tqdm
 
 from verispec.config import SamplingParams, SpeculativeConfig
-from verispec.errors import VerispecError
-
-DEFAULT_QUESTIONS = "shared/data/spec_bench/question.jsonl"
-
-
-class DataNotFoundError(VerispecError):
-    """Spec-Bench's question file could not be found."""
-
-
-def find_spec_bench(path: str | None = None) -> Path:
-    """The given path, $VERISPEC_SPEC_BENCH, or shared/data/spec_bench/question.jsonl in a parent
-    of the working directory or of this package (the project's ../shared)."""
-    if path:
-        p = Path(path)
-        if not p.exists():
-            raise DataNotFoundError(f"Spec-Bench questions not found at {p}")
-        return p
-    if os.environ.get("VERISPEC_SPEC_BENCH"):
-        return find_spec_bench(os.environ["VERISPEC_SPEC_BENCH"])
-    for start in (Path.cwd(), Path(__file__).resolve()):
-        for parent in [start, *start.parents]:
-            candidate = parent / DEFAULT_QUESTIONS
-            if candidate.exists():
-                return candidate
-    raise DataNotFoundError(
-        f"cannot find {DEFAULT_QUESTIONS} above {Path.cwd()}; pass --questions PATH or set VERISPEC_SPEC_BENCH"
-    )
-
-
-def load_questions(path: Path) -> list[dict]:
-    with path.open() as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
-
-
-def subtask(question: dict) -> str:
-    """Spec-Bench's six subtasks: MT-bench's eight categories count as one, multi_turn."""
-    return "multi_turn" if question["category"] in MT_BENCH else question["category"]
-
-
-def pick_spread(questions: list[dict], n: int) -> list[dict]:
-    """n questions taken round-robin across the six subtasks, so every one is represented."""
-    by_cat: dict[str, list[dict]] = {}
-    for q in questions:
-        by_cat.setdefault(subtask(q), []).append(q)
-    picked: list[dict] = []
-    i = 0
-    while len(picked) < n and any(i < len(v) for v in by_cat.values()):
-        for v in by_cat.values():
-            if i < len(v) and len(picked) < n:
-                picked.append(v[i])
-        i += 1
-    return picked
+from verispec.data import pick_spread, questions as load_prompt_set, subtask
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -80,7 +24,7 @@ def run_demo(args: argparse.Namespace) -> int:
     method = args.method or "prompt_lookup"
     spec = _from_args(SpeculativeConfig, args, method=method)  # every engine and speculation flag counts
     engine = _from_args(EngineConfig, args, speculative=spec)
-    questions = pick_spread(load_questions(find_spec_bench(args.questions)), args.num_prompts)
+    questions = pick_spread(load_prompt_set(args.questions), args.num_prompts)
     t0 = time.perf_counter()
     llm = LLM(engine.model, speculative=spec, **engine_options(engine))
     print(f"loaded {args.model} in {time.perf_counter() - t0:.1f}s; method {method}, k={spec.num_speculative_tokens}")

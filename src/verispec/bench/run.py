@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from verispec.bench.methods import HFMethod, LlamaCppMethod, Method, OursMethod, Unavailable, load_hf_model
 from verispec.config import SpeculativeConfig
-from verispec.demo import find_spec_bench, load_questions, subtask
+from verispec.data import find_spec_bench, load_questions, subtask
 
 SUBTASKS = ("multi_turn", "translation", "summarization", "qa", "math_reasoning", "rag")
 

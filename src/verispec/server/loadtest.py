@@ -22,7 +22,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from verispec.demo import find_spec_bench, load_questions, pick_spread
+from verispec.data import pick_spread, questions, spec_bench_available
 
 
 def add_load_parser(sub) -> None:
@@ -33,7 +33,8 @@ def add_load_parser(sub) -> None:
     p.add_argument("--requests", type=int, default=16, help="requests per level at most (default: 16)")
     p.add_argument("--max-tokens", type=int, default=64, help="new tokens per request (default: 64)")
     p.add_argument("--time-limit", type=float, default=300.0, help="seconds per level at most (default: 300)")
-    p.add_argument("--questions", default=None, help="Spec-Bench question.jsonl (default: ../shared/data/spec_bench)")
+    p.add_argument("--questions", default=None,
+                   help="question file (default: Spec-Bench where found, else the project's own prompts)")
     p.add_argument("--overhead", action="store_true", help="also measure the server against the library at concurrency 1")
     p.add_argument("--k", type=int, default=4, help="draft tokens per step (default: 4)")
     p.add_argument("--backend", default="torch", help="the server's backend: torch or llamacpp (default: torch)")
@@ -166,8 +167,10 @@ async def _level(base: str, method: str, concurrency: int, conversations: list, 
 
 
 def _conversations(path: str | None, n: int) -> list[list[dict]]:
-    questions = pick_spread(load_questions(find_spec_bench(path)), n)
-    return [[{"role": "user", "content": q["turns"][0]}] for q in questions]
+    """Spec-Bench's questions where they are found (or the file given), else the project's own."""
+    source = path or ("spec_bench" if spec_bench_available() else None)
+    picked = pick_spread(questions(source), n)
+    return [[{"role": "user", "content": q["turns"][0]}] for q in picked]
 
 
 def _overhead(base: str, model: str, method: str, k: int, conversations: list, max_tokens: int,

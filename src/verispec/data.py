@@ -1,0 +1,95 @@
+"""Prompt sets: Spec-Bench's questions, read from where they lie (third-party data, never copied
+into the project), and the project's own prompts (`verispec.prompts`) in the same format.
+
+    questions(None)            the project's own prompts
+    questions("spec_bench")    Spec-Bench from $VERISPEC_SPEC_BENCH or ../shared/data/spec_bench
+    questions("path.jsonl")    any file of {"question_id", "category", "turns"} lines
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from verispec.errors import VerispecError
+
+SPEC_BENCH_FILE = "shared/data/spec_bench/question.jsonl"
+MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+
+
+class DataNotFoundError(VerispecError):
+    """A question file could not be found or read."""
+
+
+def find_spec_bench(path: str | None = None) -> Path:
+    """The given path, $VERISPEC_SPEC_BENCH, or shared/data/spec_bench/question.jsonl in a parent
+    of the working directory or of this package; DataNotFoundError where none exists."""
+    if path:
+        p = Path(path)
+        if not p.exists():
+            raise DataNotFoundError(f"question file not found at {p}")
+        return p
+    if os.environ.get("VERISPEC_SPEC_BENCH"):
+        return find_spec_bench(os.environ["VERISPEC_SPEC_BENCH"])
+    for start in (Path.cwd(), Path(__file__).resolve()):
+        for parent in [start, *start.parents]:
+            candidate = parent / SPEC_BENCH_FILE
+            if candidate.exists():
+                return candidate
+    raise DataNotFoundError(
+        f"cannot find Spec-Bench's question.jsonl ({SPEC_BENCH_FILE} above {Path.cwd()}); "
+        "pass --questions PATH or set VERISPEC_SPEC_BENCH"
+    )
+
+
+def spec_bench_available() -> bool:
+    try:
+        find_spec_bench()
+    except DataNotFoundError:
+        return False
+    return True
+
+
+def load_questions(path: Path) -> list[dict]:
+    try:
+        with path.open() as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except (OSError, json.JSONDecodeError) as e:
+        raise DataNotFoundError(f"cannot read questions from {path}: {e}") from e
+    for r in rows:
+        if not isinstance(r, dict) or not isinstance(r.get("turns"), list) or "category" not in r:
+            raise DataNotFoundError(f"{path}: each line needs 'question_id', 'category' and 'turns', got {str(r)[:80]}")
+    return rows
+
+
+def questions(source: str | None = None) -> list[dict]:
+    """The project's own prompts (None or "builtin"), Spec-Bench ("spec_bench": found as in
+    find_spec_bench), or the questions of a file path."""
+    if source in (None, "builtin"):
+        from verispec.prompts import PROMPTS
+
+        return [dict(q, turns=list(q["turns"])) for q in PROMPTS]
+    if source == "spec_bench":
+        return load_questions(find_spec_bench())
+    return load_questions(find_spec_bench(source))
+
+
+def subtask(question: dict) -> str:
+    """Spec-Bench's six subtasks: MT-bench's eight categories count as one, multi_turn."""
+    return "multi_turn" if question["category"] in MT_BENCH else question["category"]
+
+
+def pick_spread(items: list[dict], n: int) -> list[dict]:
+    """n questions taken round-robin across the six subtasks, so every one is represented."""
+    by_cat: dict[str, list[dict]] = {}
+    for q in items:
+        by_cat.setdefault(subtask(q), []).append(q)
+    picked: list[dict] = []
+    i = 0
+    while len(picked) < n and any(i < len(v) for v in by_cat.values()):
+        for v in by_cat.values():
+            if i < len(v) and len(picked) < n:
+                picked.append(v[i])
+        i += 1
+    return picked

@@ -32,12 +32,25 @@ def _quiet_threads():
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-@pytest.fixture(params=["kernel", "mkl"])
+# The ways decoding rows' products can be computed here: every row-wise kernel variant this CPU
+# runs (models/rowwise.py; "scalar" everywhere) and MKL's products ("mkl", as with VERISPEC_KERNELS=0).
+PRODUCTS = [*rowwise.supported_variants(), "mkl"]
+# the same without the plain C++ reference where a vector variant exists (tests on the real models)
+FAST_PRODUCTS = [v for v in PRODUCTS if v != "scalar" or len(PRODUCTS) == 2]
+
+
+def _use_products(param, monkeypatch):
+    monkeypatch.setitem(rowwise._state, "module", None if param == "mkl" else rowwise.load_variant(param))
+    return param
+
+
+@pytest.fixture(params=PRODUCTS)
 def products(request, monkeypatch):
-    """Both ways of computing decoding rows' products: the row-wise kernel (where this CPU has it)
-    and MKL's (as on a CPU without AVX-512)."""
-    if request.param == "mkl":
-        monkeypatch.setitem(rowwise._state, "module", None)
-    else:
-        assert rowwise.kernel() is not None, "the row-wise kernel should build on this machine (AVX-512)"
-    return request.param
+    """Each kernel variant this CPU runs, then MKL's products; models built in the test use it."""
+    return _use_products(request.param, monkeypatch)
+
+
+@pytest.fixture(params=FAST_PRODUCTS)
+def fast_products(request, monkeypatch):
+    """As `products`, without the slow scalar reference where a vector variant exists."""
+    return _use_products(request.param, monkeypatch)

@@ -7,6 +7,7 @@ import torch
 from verispec import LLM, SamplingParams
 from verispec.engine.policy import SpeculationPolicy
 from verispec.engine.speculative import SpeculativeDecoder
+from verispec.models.transformer import invariant_chunks
 from verispec.proposers.base import Draft
 
 
@@ -56,7 +57,12 @@ def plain_tokens(path, params):
     return LLM(path).generate([PROMPT], params)[0].token_ids
 
 
-CHUNKS = {"mkl": [3, 3, 3], "kernel": [8, 1]}  # 9 rows: MKL's products of 3, the kernel's passes of 8
+def chunks_of_nine(runner, products) -> list[int]:
+    """9 rows in the runner's passes: the kernel's 8 and 1 by construction; MKL's products of the
+    width its load-time probe found on this CPU (3 where measured so far)."""
+    if products != "mkl":
+        return [8, 1]
+    return invariant_chunks(9, runner.model.invariant_width)
 
 
 def test_a_rejected_first_chunk_ends_the_verification(tiny, products):
@@ -64,7 +70,7 @@ def test_a_rejected_first_chunk_ends_the_verification(tiny, products):
     ref = plain_tokens(tiny, params)
     runner = LLM(tiny).runner
     bad = next(t for t in range(3, 96) if t not in ref)  # never the target's choice
-    chunks = CHUNKS[products]
+    chunks = chunks_of_nine(runner, products)
     assert runner.verify_chunks(9) == chunks
     calls = rows_per_call(runner)
     out = SpeculativeDecoder(runner, FixedDrafter(bad=bad), num_speculative_tokens=8).generate(PROMPT, params)
@@ -87,7 +93,8 @@ def test_accepted_chunks_go_on_to_the_next(tiny, products):
     calls = rows_per_call(runner)
     out = SpeculativeDecoder(runner, FixedDrafter(oracle_tokens=ref), num_speculative_tokens=8).generate(PROMPT, params)
     assert out.output_ids == ref
-    assert calls[:len(CHUNKS[products])] == CHUNKS[products]  # a whole first verification, chunk after chunk
+    chunks = chunks_of_nine(runner, products)
+    assert calls[:len(chunks)] == chunks  # a whole first verification, chunk after chunk
     assert out.metrics.num_accepted_tokens == 18 - out.metrics.num_target_forwards + 1
     assert out.metrics.num_target_forwards <= 4  # 18 tokens after the first, up to 9 a forward
 
@@ -97,7 +104,8 @@ def test_sampled_requests_verify_every_chunk(tiny, products):
     runner = LLM(tiny).runner
     calls = rows_per_call(runner)
     SpeculativeDecoder(runner, FixedDrafter(bad=5), num_speculative_tokens=8).generate(PROMPT, params)
-    assert calls[:len(CHUNKS[products])] == CHUNKS[products]  # all of [pending] + 8 drafts although the first draft fails
+    chunks = chunks_of_nine(runner, products)
+    assert calls[:len(chunks)] == chunks  # all of [pending] + 8 drafts although the first draft fails
 
 
 def test_policy_weighs_the_chunks_it_may_skip():

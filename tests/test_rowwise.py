@@ -1,7 +1,6 @@
-"""The row-wise product kernel (models/rowwise.py, kernels/rowwise.cpp) on its own: right numbers,
-and every row bit-identical to its one-row product whatever the rows and threads beside it."""
-
-from pathlib import Path
+"""The row-wise kernels (models/rowwise.py, kernels/) on their own, each variant this CPU runs:
+right numbers, and every row bit-identical to its one-row result whatever the rows and threads
+beside it. Variants against each other: test_kernel_variants.py."""
 
 import pytest
 import torch
@@ -9,21 +8,10 @@ import torch
 from verispec.models import rowwise
 
 
-def _has_avx512() -> bool:
-    try:
-        return " avx512f " in f" {Path('/proc/cpuinfo').read_text().replace(chr(10), ' ')} "
-    except OSError:
-        return False
-
-
-@pytest.fixture(scope="module")
-def kern():
-    k = rowwise.kernel()
-    if k is None:
-        # this machine (and CI's) has AVX-512: the kernel must have built, not quietly fallen back
-        assert not _has_avx512(), "AVX-512 CPU but the row-wise kernel did not build (see the log)"
-        pytest.skip("no AVX-512 on this CPU: the model uses MKL's products (tested in test_batch_invariance)")
-    return k
+@pytest.fixture(scope="module", params=rowwise.supported_variants())
+def kern(request):
+    """Each variant this CPU runs; the build must succeed (a compiler is part of the set-up)."""
+    return rowwise.load_variant(request.param)
 
 
 # inputs that are and are not multiples of the 16-float blocks; outputs that are and are not
@@ -74,7 +62,8 @@ def test_non_contiguous_rows_and_bad_input(kern):
 
 def test_switched_off_by_environment(monkeypatch):
     monkeypatch.setenv("VERISPEC_KERNELS", "0")
-    assert rowwise._load() is None
+    monkeypatch.delitem(rowwise._state, "module", raising=False)
+    assert rowwise.kernel() is None
 
 
 def reference_attention(q, keys, values, start, window, scale):

@@ -1,28 +1,37 @@
-"""The row-wise kernels (kernels/rowwise.cpp) for the few rows of a decoding step or a
-verification, float32, each row bit-identical whatever the rows beside it:
+"""The row-wise kernels (kernels/) for the few rows of a decoding step or a verification, float32,
+each row bit-identical whatever the rows beside it:
     rows_mm(x, w)                                   y = x @ w^T, one pass over w per 8 rows
     attention_rows(q, keys, values, start, window, scale)   each query row over its causal keys
     decode_layer(x, <a layer's weights>, cos, sin, <caches>, ...)   a whole decoder layer (layer.cpp)
 
-Compiled once per machine with torch's extension builder (`-O3 -march=native -fopenmp`, ~15 s
-here), cached under the verispec cache (kernels/) by a hash of the source, the flags and torch's
-version. `kernel()` is None, and the model keeps MKL's products, when:
-    - VERISPEC_KERNELS=0 is set,
-    - the CPU has no AVX-512 (the source compiles to a stub that says so),
-    - compiling fails (no C++ compiler, no ninja): logged once with the reason.
-Measured here (2 threads, ms; MKL as `transformer._project` without the kernel runs it):
-    Gemma 3's head [262144, 640]: 1 row 7.8 (MKL 11.8), 3 rows 10.0 (MKL 18.8), 8 rows 12.6
-    [4096, 640]: 1 row 0.05 (MKL 0.19), 8 rows 0.12
-A whole forward after 512 tokens (ms, SmolLM2 / Gemma 3; batch-invariant): 1 row 8.4 / 15.5,
-5 rows 14.1 / 22.3, 8 rows 18.8 / 29.4; before the kernels (MKL in 2-3-row products) 16.0 / 24.3,
-40.1 / 62.7, 61.9 / 100.7.
+The arithmetic is defined once (kernels/vec.h, ops.h) and built per instruction set, each variant
+giving bit-identical results:
+    avx512   x86-64 with AVX-512F
+    avx2     x86-64 with AVX2 and FMA
+    neon     AArch64
+    scalar   any CPU: plain C++, the reference (slow)
+The variant is chosen at run time from this CPU's features (the best it has), or forced with
+VERISPEC_KERNEL_VARIANT=avx512|avx2|neon|scalar. Each is compiled once with torch's extension
+builder and cached under the verispec cache (kernels/) in a folder keyed by the variant, its
+flags, the compiler, the sources and the build environment (torch, Python, the environment's
+prefix), so it is never rebuilt without a change; a file lock keeps two processes from building
+the same one at once. `kernel()` is None, and the model keeps MKL's products, when
+VERISPEC_KERNELS=0 is set or the build fails (no C++ compiler, no ninja: logged once, with why).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
+import importlib.util
 import logging
 import os
+import platform
+import shutil
+import subprocess
+import sys
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -33,43 +42,168 @@ log = logging.getLogger("verispec")
 
 KERNELS = Path(__file__).with_name("kernels")
 SOURCES = [KERNELS / "rowwise.cpp", KERNELS / "layer.cpp"]
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]  # no fused multiply-add but the written ones
+HEADERS = [KERNELS / "rowwise.h", KERNELS / "ops.h", KERNELS / "vec.h"]
+# no -march=native: a variant's library runs on any CPU with its instruction set, and no
+# -ffast-math; -ffp-contract=off: no fused multiply-add but the written ones
+COMMON_FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-fno-fast-math"]
+VARIANT_FLAGS = {
+    "avx512": ["-DVERISPEC_AVX512", "-mavx512f", "-mavx2", "-mfma"],
+    "avx2": ["-DVERISPEC_AVX2", "-mavx2", "-mfma"],
+    "neon": ["-DVERISPEC_NEON"],
+    "scalar": ["-DVERISPEC_SCALAR"],
+}
+VARIANTS = tuple(VARIANT_FLAGS)  # best first
 _state: dict[str, object] = {}
 
 
+class KernelVariantError(ValueError):
+    """A kernel variant was asked for that does not exist or that this CPU cannot run."""
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux reports them (/proc/cpuinfo), empty where unreadable."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+@lru_cache(maxsize=1)
+def supported_variants() -> tuple[str, ...]:
+    """The variants this CPU runs, best first; always ends with "scalar"."""
+    machine = platform.machine().lower()
+    out: list[str] = []
+    if machine in ("x86_64", "amd64"):
+        flags = cpu_flags()
+        if not flags:  # no /proc/cpuinfo: torch's own detection
+            cap = torch.backends.cpu.get_cpu_capability()
+            flags = {"avx512f", "avx2", "fma"} if cap.startswith("AVX512") else {"avx2", "fma"} if cap == "AVX2" else set()
+        if "avx512f" in flags:
+            out.append("avx512")
+        if {"avx2", "fma"} <= flags:
+            out.append("avx2")
+    elif machine in ("aarch64", "arm64"):
+        out.append("neon")
+    out.append("scalar")
+    return tuple(out)
+
+
+def chosen_variant() -> str:
+    """VERISPEC_KERNEL_VARIANT where set (checked against this CPU), else the best supported."""
+    forced = os.environ.get("VERISPEC_KERNEL_VARIANT", "").strip().lower()
+    if forced:
+        if forced not in VARIANTS:
+            raise KernelVariantError(f"VERISPEC_KERNEL_VARIANT={forced!r}: not one of {', '.join(VARIANTS)}")
+        if forced not in supported_variants():
+            raise KernelVariantError(f"VERISPEC_KERNEL_VARIANT={forced}: this CPU runs only {', '.join(supported_variants())}")
+        return forced
+    return supported_variants()[0]
+
+
 def kernel():
-    """The compiled module (`rows_mm(x, w)`), or None where it cannot be used (see the module)."""
+    """The compiled module of the chosen variant, or None where it cannot be used (see the module)."""
     if "module" not in _state:
-        _state["module"] = _load()
+        if os.environ.get("VERISPEC_KERNELS", "1") == "0":
+            _state["module"] = None
+        else:
+            _state["module"] = load_variant(chosen_variant(), required=False)
     return _state["module"]
 
 
-def _load():
-    if os.environ.get("VERISPEC_KERNELS", "1") == "0":
-        return None
-    try:
-        from torch.utils.cpp_extension import load
+def use(variant: str | None) -> None:
+    """Make `variant` the kernel of models built from now on in this process (None: MKL's products)."""
+    _state["module"] = None if variant is None else load_variant(variant)
 
-        text = b"".join(p.read_bytes() for p in [*SOURCES, KERNELS / "rowwise.h"])
-        key = hashlib.sha256(text + " ".join(FLAGS).encode() + torch.__version__.encode()).hexdigest()[:16]
-        build = cache_root() / "kernels" / f"rowwise-{key}"
-        build.mkdir(parents=True, exist_ok=True)
-        if not any(build.glob("*.so")):
-            log.warning("compiling verispec's row-wise product kernel (once, ~15 s; cached in %s)", build)
-        module = load(
-            name=f"verispec_rowwise_{key}",
-            sources=[str(p) for p in SOURCES],
-            extra_cflags=FLAGS,
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(build),
-            verbose=False,
-        )
+
+def load_variant(variant: str, required: bool = True):
+    """The compiled module for `variant`, built if not cached. Build failures raise where
+    `required`, else they are logged once and give None."""
+    if variant not in VARIANTS:
+        raise KernelVariantError(f"unknown kernel variant {variant!r}; known: {', '.join(VARIANTS)}")
+    if variant not in supported_variants():
+        raise KernelVariantError(f"kernel variant {variant} cannot run on this CPU (it runs {', '.join(supported_variants())})")
+    cached = _state.get(f"variant:{variant}")
+    if cached is not None:
+        return cached
+    try:
+        module = _build(variant)
     except Exception as e:  # a missing compiler or ninja: MKL's products instead, said once
-        log.warning("row-wise product kernel unavailable (%s: %s); using MKL's products", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        if required:
+            raise
+        log.warning("row-wise kernel (%s) unavailable (%s: %s); using MKL's products", variant, type(e).__name__,
+                    str(e).splitlines()[0] if str(e) else "")
         return None
-    if not module.available():
-        log.info("row-wise product kernel: this CPU has no AVX-512; using MKL's products")
-        return None
+    _state[f"variant:{variant}"] = module
     return module
 
 
+def build_key(variant: str) -> str:
+    """What the built library depends on: sources, flags, compiler, torch, Python and the
+    environment's paths (torch's builder writes them into its build files)."""
+    h = hashlib.sha256()
+    for p in [*SOURCES, *HEADERS]:
+        h.update(p.name.encode() + b"\0" + p.read_bytes())
+    parts = [variant, *COMMON_FLAGS, *VARIANT_FLAGS[variant], compiler_version(), torch.__version__,
+             str(Path(torch.__file__).parent), sys.version, sys.prefix, platform.machine()]
+    h.update("\0".join(parts).encode())
+    return h.hexdigest()[:16]
+
+
+@lru_cache(maxsize=1)
+def compiler_version() -> str:
+    cxx = os.environ.get("CXX", "c++")
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
+        return f"{cxx}: {out.stdout.splitlines()[0] if out.stdout else out.returncode}"
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"{cxx}: {type(e).__name__}"
+
+
+def _build(variant: str):
+    key = build_key(variant)
+    name = f"verispec_rowwise_{variant}_{key}"
+    root = cache_root() / "kernels"
+    build = root / f"{variant}-{key}"
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(root / f"{variant}-{key}.lock"):
+        library = build / f"{name}.so"
+        if not library.exists():
+            log.warning("compiling verispec's row-wise kernels for %s (once, ~20-40 s; cached in %s)", variant, build)
+            if build.exists():  # a build that was interrupted: start it afresh
+                shutil.rmtree(build)
+            build.mkdir(parents=True)
+            from torch.utils.cpp_extension import load
+
+            load(name=name, sources=[str(p) for p in SOURCES], extra_cflags=COMMON_FLAGS + VARIANT_FLAGS[variant],
+                 extra_include_paths=[str(KERNELS)], extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
+        module = _import(name, library)
+    if module.variant() != variant:
+        raise RuntimeError(f"{library} reports variant {module.variant()}, expected {variant}")
+    return module
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock on `path`, released when the process ends however it ends."""
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _import(name: str, library: Path):
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, library)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {library}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[name] = module
+    return module

@@ -8,65 +8,16 @@
 //
 // Rows: the segments of several sequences, segment s at rows [rows[s], rows[s + 1]) of x, its new
 // positions from starts[s], its cache layer keys[s], values[s] ([KVH, A, D]). Every step is row by
-// row with one fixed arithmetic (built with -ffp-contract=off: no fused multiply-add but the
-// written ones), so a row's result does not depend on the rows beside it.
+// row with ops.h's fixed arithmetic, so a row's result does not depend on the rows beside it.
 #include "rowwise.h"
 
-#include <cmath>
-
-#ifdef __AVX512F__
-
 namespace {
-
-// y = (x * r) * w with r = 1 / sqrt(mean(x^2) + eps); the squares summed in 16 lanes, then the tree
-void rmsnorm(const float* x, const float* w, float* y, int64_t n, float eps) {
-  __m512 acc = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 v = _mm512_loadu_ps(x + i);
-    acc = _mm512_fmadd_ps(v, v, acc);
-  }
-  if (i < n) {
-    const __m512 v = _mm512_maskz_loadu_ps(tail_mask(n - i), x + i);
-    acc = _mm512_fmadd_ps(v, v, acc);
-  }
-  const float r = 1.0f / std::sqrt(_mm512_reduce_add_ps(acc) / static_cast<float>(n) + eps);
-  for (int64_t j = 0; j < n; ++j) y[j] = (x[j] * r) * w[j];
-}
-
-// y = act(g) * u: SiLU g / (1 + e^-g), or GELU's tanh form 0.5 g (1 + tanh(c (g + 0.044715 g^3)))
-// with tanh z = 1 - 2 / (e^2z + 1)
-inline __m512 act(__m512 g, bool gelu) {
-  const __m512 one = _mm512_set1_ps(1.0f);
-  if (!gelu) return _mm512_div_ps(g, _mm512_add_ps(one, exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-  const __m512 g3 = _mm512_mul_ps(_mm512_mul_ps(g, g), g);
-  const __m512 z = _mm512_mul_ps(_mm512_set1_ps(0.7978845608028654f), _mm512_add_ps(g, _mm512_mul_ps(_mm512_set1_ps(0.044715f), g3)));
-  const __m512 e = exp_ps(_mm512_add_ps(z, z));
-  const __m512 t = _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, one)));
-  return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), g), _mm512_add_ps(one, t));
-}
-
-void gated(const float* g, const float* u, float* y, int64_t n, bool gelu) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_mul_ps(act(_mm512_loadu_ps(g + i), gelu), _mm512_loadu_ps(u + i)));
-  if (i < n) {
-    const __mmask16 m = tail_mask(n - i);
-    _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(act(_mm512_maskz_loadu_ps(m, g + i), gelu), _mm512_maskz_loadu_ps(m, u + i)));
-  }
-}
-
-// x = [x1, x2] -> x * cos + [x2, x1] * sin (sin with its first half negated: RopeTable)
-void rope(float* x, const float* cos, const float* sin, int64_t D, float* tmp) {
-  const int64_t half = D / 2;
-  for (int64_t d = 0; d < D; ++d) tmp[d] = x[d] * cos[d] + x[(d + half) % D] * sin[d];
-  for (int64_t d = 0; d < D; ++d) x[d] = tmp[d];
-}
 
 void norm_rows(torch::Tensor& t, const std::optional<torch::Tensor>& w, float eps) {
   if (!w) return;
   const int64_t N = t.size(0), n = t.size(1);
   float* p = t.data_ptr<float>();
-  for (int64_t r = 0; r < N; ++r) rmsnorm(p + r * n, w->data_ptr<float>(), p + r * n, n, eps);
+  for (int64_t r = 0; r < N; ++r) vs::rmsnorm(p + r * n, w->data_ptr<float>(), p + r * n, n, eps);
 }
 
 }  // namespace
@@ -88,11 +39,12 @@ torch::Tensor decode_layer(torch::Tensor x, torch::Tensor attn_norm, torch::Tens
               "decode_layer: one rows, starts, keys, values entry per segment");
   TORCH_CHECK(qkv.size(0) == (QK + KVH) * D, "decode_layer: qkv has (heads + 2 kv_heads) * head_dim rows");
   const float feps = static_cast<float>(eps);
+  vs::FpMode mode;
   std::vector<float> tmp(D);
 
   // 1. attention input: the norm, q/k/v, q/k norms, RoPE
   auto h = torch::empty_like(x);
-  for (int64_t r = 0; r < N; ++r) rmsnorm(x.data_ptr<float>() + r * hidden, attn_norm.data_ptr<float>(), h.data_ptr<float>() + r * hidden, hidden, feps);
+  for (int64_t r = 0; r < N; ++r) vs::rmsnorm(x.data_ptr<float>() + r * hidden, attn_norm.data_ptr<float>(), h.data_ptr<float>() + r * hidden, hidden, feps);
   auto qkv_out = rows_mm(h, qkv);  // [N, (QK + KVH) * D]
   float* Q = qkv_out.data_ptr<float>();
   const int64_t width = (QK + KVH) * D;
@@ -104,8 +56,8 @@ torch::Tensor decode_layer(torch::Tensor x, torch::Tensor attn_norm, torch::Tens
   for (int64_t r = 0; r < N; ++r)
     for (int64_t hh = 0; hh < QK; ++hh) {
       float* v = Q + r * width + hh * D;
-      if (qk_norm) rmsnorm(v, qk_norm->data_ptr<float>() + hh * D, v, D, feps);
-      rope(v, cos.data_ptr<float>() + r * D, sin.data_ptr<float>() + r * D, D, tmp.data());
+      if (qk_norm) vs::rmsnorm(v, qk_norm->data_ptr<float>() + hh * D, v, D, feps);
+      vs::rope(v, cos.data_ptr<float>() + r * D, sin.data_ptr<float>() + r * D, D, tmp.data());
     }
 
   // 2. per segment: keys and values into its cache, then attention row by row
@@ -133,14 +85,12 @@ torch::Tensor decode_layer(torch::Tensor x, torch::Tensor attn_norm, torch::Tens
   auto x2 = x + a;
 
   // 4. the MLP
-  for (int64_t r = 0; r < N; ++r) rmsnorm(x2.data_ptr<float>() + r * hidden, mlp_norm.data_ptr<float>(), h.data_ptr<float>() + r * hidden, hidden, feps);
+  for (int64_t r = 0; r < N; ++r) vs::rmsnorm(x2.data_ptr<float>() + r * hidden, mlp_norm.data_ptr<float>(), h.data_ptr<float>() + r * hidden, hidden, feps);
   auto gu = rows_mm(h, gate_up);  // [N, 2 I]: gate, then up
   const int64_t I = gu.size(1) / 2;
   auto m = torch::empty({N, I}, x.options());
-  for (int64_t r = 0; r < N; ++r) gated(gu.data_ptr<float>() + r * 2 * I, gu.data_ptr<float>() + r * 2 * I + I, m.data_ptr<float>() + r * I, I, gelu);
+  for (int64_t r = 0; r < N; ++r) vs::gated(gu.data_ptr<float>() + r * 2 * I, gu.data_ptr<float>() + r * 2 * I + I, m.data_ptr<float>() + r * I, I, gelu);
   auto d = rows_mm(m, down);
   norm_rows(d, post_mlp_norm, feps);
   return x2 + d;
 }
-
-#endif

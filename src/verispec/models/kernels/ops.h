@@ -1,0 +1,141 @@
+// Row operations on raw float32 pointers, written once over vec.h's 16-lane vector (no torch
+// here, so a test can build them alone). Each gives a row one fixed arithmetic, whatever the
+// rows beside it, the blocking or the thread that runs it:
+//   dot(a, b)    acc = 0; for each 16-float block of the inputs, in order: acc = fma(a, b, acc)
+//                (a short last block: zeros beyond the end); the sum tree of acc
+//   products     y[r, o] = dot(w[o], x[r]) for a block of outputs and up to 8 rows
+//   attend       one query row over its keys: scores = dot(q * scale, k_j), their maximum,
+//                e^(s - max) (vs::exp) summed in 16 lanes then the tree, the values' weighted sum
+//                key by key in order, divided by that sum
+//   rmsnorm      y = (x * r) * w, r = 1 / sqrt(dot(x, x) / n + eps)
+//   gated        y = act(g) * u (SiLU, or GELU's tanh form), 16 lanes at a time
+//   rope         x * cos + rotate_half(x) * sin (sin with its first half negated: RopeTable)
+#pragma once
+
+#include "vec.h"
+
+namespace vs {
+
+inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
+  V acc = zero();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) acc = fmadd(load(a + i), load(b + i), acc);
+  if (i < n) acc = fmadd(load_n(a + i, static_cast<int>(n - i)), load_n(b + i, static_cast<int>(n - i)), acc);
+  return sum(acc);
+}
+
+// outputs o0 .. o0 + OB - 1 for rows x[0..R): y[r * ldy + o] = dot(w[o], x[r]); the block's
+// weights are read once for all R rows, and the next block's are prefetched
+template <int R, int OB>
+inline void products(const float* __restrict x, const float* __restrict w, float* __restrict y, int64_t in, int64_t ldy, int64_t o0) {
+  V acc[OB][R];
+  for (int b = 0; b < OB; ++b)
+    for (int r = 0; r < R; ++r) acc[b][r] = zero();
+  int64_t i = 0;
+  for (; i + 16 <= in; i += 16) {
+    V xv[R];
+    for (int r = 0; r < R; ++r) xv[r] = load(x + r * in + i);
+    for (int b = 0; b < OB; ++b) {
+      const float* wp = w + (o0 + b) * in + i;
+      prefetch(wp + OB * in);
+      const V wv = load(wp);
+      for (int r = 0; r < R; ++r) acc[b][r] = fmadd(wv, xv[r], acc[b][r]);
+    }
+  }
+  if (i < in) {
+    const int n = static_cast<int>(in - i);
+    V xv[R];
+    for (int r = 0; r < R; ++r) xv[r] = load_n(x + r * in + i, n);
+    for (int b = 0; b < OB; ++b) {
+      const V wv = load_n(w + (o0 + b) * in + i, n);
+      for (int r = 0; r < R; ++r) acc[b][r] = fmadd(wv, xv[r], acc[b][r]);
+    }
+  }
+  for (int b = 0; b < OB; ++b)
+    for (int r = 0; r < R; ++r) y[r * ldy + o0 + b] = sum(acc[b][r]);
+}
+
+// outputs per block for R rows: as many accumulators as the vector registers hold (speed only:
+// an output's arithmetic does not depend on it); tuned on AVX-512's 32 registers, halved with fewer
+template <int R>
+constexpr int outputs_per_block() {
+  constexpr int ob = R == 1 ? 8 : R == 2 ? 6 : R <= 4 ? 4 : 2;
+  return kRegisters >= 32 ? ob : (ob / 2 > 0 ? ob / 2 : 1);
+}
+
+// out[0..D) = softmax over keys first..last of (q * scale) . k, applied to the values
+inline void attend(const float* q, const float* keys, const float* values, float* out, int64_t first, int64_t last,
+                   int64_t D, float scale, float* qs, float* scores) {
+  for (int64_t d = 0; d < D; ++d) qs[d] = q[d] * scale;
+  const int64_t S = last - first + 1;
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < S; ++j) {
+    scores[j] = dot(qs, keys + (first + j) * D, D);
+    mx = scores[j] > mx ? scores[j] : mx;
+  }
+  const V vmx = set1(mx);
+  V vsum = zero();
+  int64_t j = 0;
+  for (; j + 16 <= S; j += 16) {
+    const V e = exp(sub(load(scores + j), vmx));
+    store(scores + j, e);
+    vsum = add(vsum, e);
+  }
+  if (j < S) {
+    const int n = static_cast<int>(S - j);
+    // lanes past the end: exp(0 - max) would count, so they are zeroed (load_n of a zero vector)
+    float tail[16];
+    store(tail, exp(sub(load_n(scores + j, n), vmx)));
+    for (int i = n; i < 16; ++i) tail[i] = 0.0f;
+    const V e = load(tail);
+    store_n(scores + j, e, n);
+    vsum = add(vsum, e);
+  }
+  const float total = sum(vsum);
+  for (int64_t d = 0; d < D; ++d) out[d] = 0.0f;
+  for (int64_t k = 0; k < S; ++k) {
+    const V p = set1(scores[k]);
+    const float* v = values + (first + k) * D;
+    int64_t d = 0;
+    for (; d + 16 <= D; d += 16) store(out + d, fmadd(p, load(v + d), load(out + d)));
+    if (d < D) {
+      const int n = static_cast<int>(D - d);
+      store_n(out + d, fmadd(p, load_n(v + d, n), load_n(out + d, n)), n);
+    }
+  }
+  for (int64_t d = 0; d < D; ++d) out[d] = out[d] / total;
+}
+
+inline void rmsnorm(const float* x, const float* w, float* y, int64_t n, float eps) {
+  const float r = 1.0f / std::sqrt(dot(x, x, n) / static_cast<float>(n) + eps);
+  for (int64_t j = 0; j < n; ++j) y[j] = (x[j] * r) * w[j];
+}
+
+// SiLU g / (1 + e^-g), or GELU's tanh form 0.5 g (1 + tanh(c (g + 0.044715 g^3))) with
+// tanh z = 1 - 2 / (e^2z + 1)
+inline V act(V g, bool gelu) {
+  const V one = set1(1.0f);
+  if (!gelu) return div(g, add(one, exp(sub(zero(), g))));
+  const V g3 = mul(mul(g, g), g);
+  const V z = mul(set1(0.7978845608028654f), add(g, mul(set1(0.044715f), g3)));
+  const V e = exp(add(z, z));
+  const V t = sub(one, div(set1(2.0f), add(e, one)));
+  return mul(mul(set1(0.5f), g), add(one, t));
+}
+
+inline void gated(const float* g, const float* u, float* y, int64_t n, bool gelu) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) store(y + i, mul(act(load(g + i), gelu), load(u + i)));
+  if (i < n) {
+    const int m = static_cast<int>(n - i);
+    store_n(y + i, mul(act(load_n(g + i, m), gelu), load_n(u + i, m)), m);
+  }
+}
+
+inline void rope(float* x, const float* cos, const float* sin, int64_t D, float* tmp) {
+  const int64_t half = D / 2;
+  for (int64_t d = 0; d < D; ++d) tmp[d] = x[d] * cos[d] + x[(d + half) % D] * sin[d];
+  for (int64_t d = 0; d < D; ++d) x[d] = tmp[d];
+}
+
+}  // namespace vs

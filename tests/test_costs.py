@@ -97,3 +97,29 @@ def test_plain_decoding_times_nothing_and_bad_profiles_are_config_errors(tiny_di
     bad.write_text("{not json")
     with pytest.raises(ConfigError, match="cannot read the cost profile"):
         LLM(str(tiny_dir("llama")), speculative={"method": "prompt_lookup", "cost_profile": str(bad)})
+
+
+def test_measured_curve_is_timed_once_per_machine_and_model_then_read(tiny_dir, tmp_path, monkeypatch):
+    """The default cost_profile "measured": the first engine times the curve, later ones (another
+    process, another day) read it from the cache; another kernel variant or model is timed apart."""
+    from verispec.engine import costs
+    from verispec.models import rowwise
+
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    timed = []
+    real = costs.measured_points
+    monkeypatch.setattr(costs, "measured_points", lambda runner, n: timed.append(runner.cost_identity()) or real(runner, n))
+    spec = {"method": "prompt_lookup", "num_speculative_tokens": 4}
+    first = LLM(str(tiny_dir("llama")), speculative=spec)
+    assert SpeculativeConfig().cost_profile == "measured" and len(timed) == 1
+    second = LLM(str(tiny_dir("llama")), speculative=spec)
+    assert len(timed) == 1  # read from the cache
+    assert [first.decoder.policy.cost(n) for n in range(1, 12)] == [second.decoder.policy.cost(n) for n in range(1, 12)]
+    assert "cost-curves.json" in {p.name for p in tmp_path.iterdir()}
+    monkeypatch.setitem(rowwise._state, "module", rowwise.load_variant("scalar"))
+    LLM(str(tiny_dir("llama")), speculative=spec)
+    assert len(timed) == 2 and "kernel=scalar" in timed[-1]
+    LLM(str(tiny_dir("qwen2")), speculative=spec)
+    LLM(str(tiny_dir("llama")), speculative=dict(spec, cost_profile="builtin"))
+    LLM(str(tiny_dir("llama")))  # plain decoding needs no curve
+    assert len(timed) == 3

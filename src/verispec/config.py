@@ -80,10 +80,12 @@ class SpeculativeConfig:
     )
     disable_by_batch_size: int | None = opt(None, "no drafting while more requests than this run in one batch")
     cost_profile: str | None = opt(
-        None,
-        "the forward-cost curve adaptive k weighs drafts against: a JSON from `verispec bench --profile`, "
-        "'auto' (timed on the loaded model at start-up; k choices, and so a seeded sampled request's exact "
-        "tokens, then depend on that timing), or none: the backend's built-in curve",
+        "measured",
+        "the forward-cost curve adaptive k weighs drafts against: 'measured' (timed on the loaded model "
+        "once per machine, model, backend and kernel variant, ~1 s, then read from the verispec cache), "
+        "'auto' (timed at every start-up), 'builtin' (the backend's built-in curve, measured on one "
+        "machine), or a JSON from `verispec bench --profile`. k choices, and so a seeded sampled "
+        "request's exact tokens, depend on the curve",
     )
 
     def __post_init__(self) -> None:

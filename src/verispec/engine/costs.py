@@ -2,12 +2,15 @@
 a one-token forward. A k-token verification costs cost(k + 1); the speculation policy
 (engine/policy.py) weighs it against the tokens a step is expected to yield.
 
-Three sources, chosen by SpeculativeConfig.cost_profile:
-    None        the backend's built-in curve (`backend_cost`): measured here once, by backend
-    "auto"      timed now on the loaded model (`measured_cost`, about a second for a 135M model
-                at k = 4; then k choices, and with them a seeded sampled request's exact tokens,
-                depend on that timing)
+Sources, chosen by SpeculativeConfig.cost_profile:
+    "measured"  the default: timed on the loaded model once per machine, model, backend, format,
+                kernel variant and thread count (`cached_cost`), then read from the verispec cache,
+                so no user runs on another machine's numbers or pays for timing at every start
+    "auto"      timed now on the loaded model (`measured_cost`, about a second for a 135M model)
+    "builtin"   the backend's built-in curve (`backend_cost`, also None): measured on one machine
     a path      a `verispec bench --profile` JSON (`profile_cost`)
+k choices, and with them a seeded sampled request's exact tokens, depend on the curve; greedy
+output never does.
 Every curve is made non-decreasing: a measured dip (2 tokens timed below 1) is noise or a
 kernel's blocking that a policy must not bet on.
 """
@@ -18,6 +21,10 @@ import statistics
 import time
 from typing import Callable, Sequence
 
+import torch
+
+from verispec.models.loaders import _log, cache_root, memoised
+from verispec.models.rowwise import cpu_name
 from verispec.models.transformer import KERNEL_WIDTH
 
 CostCurve = Callable[[int], float]
@@ -151,10 +158,32 @@ def time_forwards(runner, context: int, ks: Sequence[int], repeats: int = 3, pro
         runner.close(seq)
 
 
-def measured_cost(runner, max_n: int, context: int = 256, repeats: int = 3) -> CostCurve:
-    """The loaded model's own curve for 1..max_n new tokens, timed now (cost_profile="auto"):
-    n = 1, 2, 3, 4, 6, 8, 12, 16, ... up to max_n, best of `repeats` each (the least disturbed
-    timing on a shared machine), linear between them."""
+def measured_points(runner, max_n: int, context: int = 256, repeats: int = 3) -> list[tuple[int, float]]:
+    """(n, relative cost) of the loaded model for n = 1, 2, 3, 4, 6, 8, 12, 16, ... up to max_n new
+    tokens, best of `repeats` each (the least disturbed timing on a shared machine)."""
     context = max(0, min(context, runner.max_context - max_n))
     ns = sorted({n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if n < max_n} | {max_n})
-    return interpolated(list(zip(ns, relative(time_forwards(runner, context, ns, repeats, best=True)))))
+    return list(zip(ns, relative(time_forwards(runner, context, ns, repeats, best=True))))
+
+
+def measured_cost(runner, max_n: int, context: int = 256, repeats: int = 3) -> CostCurve:
+    """The loaded model's own curve for 1..max_n new tokens, timed now (cost_profile="auto"),
+    linear between the timed points."""
+    return interpolated(measured_points(runner, max_n, context, repeats))
+
+
+CACHED_MAX_N = 17  # the cached curve covers k up to 16 (a longer one is timed and cached apart)
+
+
+def cached_cost(runner, max_n: int) -> CostCurve:
+    """The loaded model's curve timed once for this machine (cost_profile="measured") and kept in
+    the verispec cache (cost-curves.json), keyed by the CPU, the runner's `cost_identity()` (model
+    file, backend, format, kernel variant, batch invariance) and the thread count."""
+    n = max(CACHED_MAX_N, max_n)
+    key = f"{cpu_name()}|{runner.cost_identity()}|{torch.get_num_threads()} threads|n<={n}"
+
+    def measure() -> list[tuple[int, float]]:
+        _log(f"timing this model's forward cost curve once for this machine (cached in {cache_root() / 'cost-curves.json'})")
+        return measured_points(runner, n)
+
+    return interpolated([(int(a), float(b)) for a, b in memoised("cost-curves.json", key, measure)])

@@ -273,6 +273,10 @@ class LlamaCppRunner:
         version = getattr(self._L, "__version__", "?")
         return f"{file_key(self.path)}|llama-cpp-python {version}|{self.threads} threads|{cpu}"
 
+    def cost_identity(self) -> str:
+        """What this runner's forward cost depends on, beside the machine (engine/costs.py)."""
+        return f"llamacpp|{file_key(self.path)}|{self.weights_format}|{self.threads} threads|rows={self.invariant_rows}"
+
     # -- internals ----------------------------------------------------------------------------
     def _decode(self, rows: list[tuple[int, int, int, int]]) -> None:
         b = self.batch

@@ -17,7 +17,7 @@ import torch
 
 from verispec.config import EngineConfig, SamplingParams, SpeculativeConfig
 from verispec.engine.metrics import RequestMetrics
-from verispec.engine.costs import backend_cost, measured_cost, profile_cost
+from verispec.engine.costs import backend_cost, cached_cost, measured_cost, profile_cost
 from verispec.engine.policy import SpeculationPolicy
 from verispec.engine.runner import TorchRunner
 from verispec.engine.speculative import Request, SpeculativeDecoder
@@ -48,24 +48,29 @@ def build_runner(
         if dtype not in (torch.float32, "float32"):
             raise ConfigError("the llamacpp backend computes in the GGUF's own formats; choose them with weights_format, not dtype")
         return LlamaCppRunner(path, max_context=max_context, weights_format=weights_format, num_threads=torch.get_num_threads())
+    from verispec.models.loaders import file_key
+    from verispec.models.registry import resolve
+
     loaded = load_model(model)
     if isinstance(dtype, str):
         dtype = _DTYPES[dtype]
     return TorchRunner(loaded.config, loaded.weights, loaded.tokenizer, dtype=dtype, max_context=max_context,
-                       batch_invariant=batch_invariant)
+                       batch_invariant=batch_invariant, source=file_key(resolve(model)))
 
 
 def build_policy(spec: SpeculativeConfig, draft_cost: float = 0.0, runner=None) -> SpeculationPolicy:
     """The speculation-length policy the configuration asks for, on `runner`'s cost curve:
-    a profile file, "auto" (timed now on the runner), or the runner's backend's built-in curve."""
+    "measured" (timed once per machine and model, then read from the cache), "auto" (timed now),
+    "builtin" (the backend's built-in curve), or a profile file."""
     k = spec.num_speculative_tokens if spec.method else 0
     cost = backend_cost(runner)
-    if spec.cost_profile == "auto":
-        if runner is None:
+    timed = spec.method and spec.adaptive_k and runner is not None
+    if spec.cost_profile in ("auto", "measured"):
+        if runner is None and spec.cost_profile == "auto":
             raise ConfigError('cost_profile "auto" needs the loaded model to time')
-        if spec.method and spec.adaptive_k:
-            cost = measured_cost(runner, k + 1)
-    elif spec.cost_profile:
+        if timed:
+            cost = measured_cost(runner, k + 1) if spec.cost_profile == "auto" else cached_cost(runner, k + 1)
+    elif spec.cost_profile and spec.cost_profile != "builtin":
         from verispec.bench.profile import CostProfile
 
         try:

@@ -65,7 +65,9 @@ class TorchRunner:
     backend = "torch"
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], tokenizer: Tokenizer,
-                 dtype: torch.dtype = torch.float32, max_context: int | None = None, batch_invariant: bool = True) -> None:
+                 dtype: torch.dtype = torch.float32, max_context: int | None = None, batch_invariant: bool = True,
+                 source: str = "") -> None:
+        self.source = source  # the weights' identity (file_key of the model path), for on-disk memos
         if dtype != torch.float32:
             weights = {k: v.to(dtype) for k, v in weights.items()}
         self.dtype = dtype
@@ -98,6 +100,11 @@ class TorchRunner:
     @property
     def batch_invariant(self) -> bool:
         return self.model.batch_invariant
+
+    def cost_identity(self) -> str:
+        """What this runner's forward cost depends on, beside the machine (engine/costs.py)."""
+        kernel = self.model._kernel.variant() if self.model.uses_kernel else "mkl"
+        return f"torch|{self.source}|{self.dtype}|invariant={self.batch_invariant}|kernel={kernel}|width={self.model.invariant_width}"
 
     def verify_chunks(self, n: int) -> list[int]:
         """Batch-invariant: the products the forward would split n rows into anyway, so forwarding

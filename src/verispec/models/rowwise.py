@@ -72,6 +72,17 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), or what the platform module says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 @lru_cache(maxsize=1)
 def supported_variants() -> tuple[str, ...]:
     """The variants this CPU runs, best first; always ends with "scalar"."""

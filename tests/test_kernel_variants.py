@@ -142,3 +142,13 @@ def test_smollm2_forwards_bit_identical_across_variants(monkeypatch):
         monkeypatch.setitem(rowwise._state, "module", rowwise.load_variant(v))
         results[v] = _forwards("smollm2-135m", prompt, new)
     _assert_all_equal(results, "SmolLM2 forwards")
+
+
+def test_no_vector_variant_means_mkl_unless_the_reference_is_forced(monkeypatch):
+    monkeypatch.setattr(rowwise, "supported_variants", lambda: ("scalar",))
+    monkeypatch.delenv("VERISPEC_KERNEL_VARIANT", raising=False)
+    monkeypatch.delitem(rowwise._state, "module", raising=False)
+    assert rowwise.kernel() is None  # MKL's products: faster than the plain C++ reference
+    monkeypatch.setenv("VERISPEC_KERNEL_VARIANT", "scalar")
+    monkeypatch.delitem(rowwise._state, "module")
+    assert rowwise.kernel().variant() == "scalar"

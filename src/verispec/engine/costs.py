@@ -45,7 +45,7 @@ def default_cost(n: int) -> float:
 INVARIANT_CHUNK_COST = {1: 1.0, 2: 1.1, 3: 1.55}
 
 
-# The torch backend with the row-wise kernels (models/rowwise.py, float32 on AVX-512), batch-invariant
+# The torch backend with the row-wise kernels (models/rowwise.py, float32; measured with AVX-512), batch-invariant
 # or not: each layer in one call, one pass over the weights per 8 rows. Measured here at 512 of
 # context (ms, best of 5; SmolLM2, the steeper of the two models, with Gemma 3 in brackets):
 # n = 1: 8.4 (15.5), 2: 10.4 (17.3), 4: 13.1 (20.8), 8: 18.8 (29.4), 9: 24.1 (41.6), 16: 33.6 (54.7).

@@ -9,9 +9,10 @@ giving bit-identical results:
     avx512   x86-64 with AVX-512F
     avx2     x86-64 with AVX2 and FMA
     neon     AArch64
-    scalar   any CPU: plain C++, the reference (slow)
-The variant is chosen at run time from this CPU's features (the best it has), or forced with
-VERISPEC_KERNEL_VARIANT=avx512|avx2|neon|scalar. Each is compiled once with torch's extension
+    scalar   any CPU: plain C++, the reference (several times slower than MKL's one-row products,
+             so used only when forced)
+The variant is chosen at run time from this CPU's features (the best vector one it has), or
+forced with VERISPEC_KERNEL_VARIANT=avx512|avx2|neon|scalar. Each is compiled once with torch's extension
 builder and cached under the verispec cache (kernels/) in a folder keyed by the variant, its
 flags, the compiler, the sources and the build environment (torch, Python, the environment's
 prefix), so it is never rebuilt without a change; a file lock keeps two processes from building
@@ -118,10 +119,15 @@ def chosen_variant() -> str:
 def kernel():
     """The compiled module of the chosen variant, or None where it cannot be used (see the module)."""
     if "module" not in _state:
+        variant = chosen_variant()
         if os.environ.get("VERISPEC_KERNELS", "1") == "0":
             _state["module"] = None
+        elif variant == "scalar" and not os.environ.get("VERISPEC_KERNEL_VARIANT"):
+            # the plain C++ reference is several times slower than MKL: only where asked for
+            log.info("no vector kernel variant for this CPU; using MKL's products (VERISPEC_KERNEL_VARIANT=scalar forces the reference)")
+            _state["module"] = None
         else:
-            _state["module"] = load_variant(chosen_variant(), required=False)
+            _state["module"] = load_variant(variant, required=False)
     return _state["module"]
 
 

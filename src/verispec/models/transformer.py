@@ -21,14 +21,15 @@ Weights use our own names and fused layouts (see `WEIGHT_NAMES`):
     layers.{i}.post_mlp_norm.weight [hidden]                                    sandwich only
 Norm weights are stored as applied: Gemma's (1 + w) offset is folded in by the loaders.
 
-Decoding and verification rows (segments of fewer than 48 tokens), float32 on AVX-512: the
-row-wise kernels (models/rowwise.py, kernels/) run each layer in one call (`_forward_rows`): its
+Decoding and verification rows (segments of fewer than 48 tokens), float32 on the CPU: the
+row-wise kernels (the variant this CPU runs best: AVX-512, AVX2, NEON or plain C++, all
+bit-identical) (models/rowwise.py, kernels/) run each layer in one call (`_forward_rows`): its
 projections (one pass over the weights per 8 rows, near the memory bandwidth), its attention (one
 query row at a time over exactly the keys it sees) and the glue between them (norms, RoPE, the
 cache write, the activation), each with one fixed arithmetic whatever the rows beside it.
 Prompts (48+ tokens) go through `_layer`: F.linear and SDPA's flash kernel; a batch that mixes
 both runs them as two forwards. Without the kernel (another
-dtype, a CPU without AVX-512, VERISPEC_KERNELS=0) projections run as `W @ x^T` through MKL
+dtype, no C++ compiler, VERISPEC_KERNELS=0) projections run as `W @ x^T` through MKL
 (see `_project`), not `F.linear(x, W)`, which runs a few rows as separate single-threaded
 matrix-vector products. Measured over SmolLM2's 121 fused projections, ms for T rows (noisy
 machine, best of 4):
@@ -45,7 +46,8 @@ results move by ~1e-5), and torch's softmax rounds a row differently when masked
 it, so projections run in chunks of 2-3 rows (`invariant_chunks`) and attention one row at a
 time over exactly the keys it sees (`_attention_row`).
 A verified draft, a request decoded beside others in the server's batch and a plain decoding
-step then give bit-identical logits for the same row (tests/test_batch_invariance.py).
+step then give bit-identical logits for the same row (tests/test_batch_invariance.py), and with
+the kernels whichever variant the CPU picks (tests/test_kernel_variants.py).
 """
 
 from __future__ import annotations
@@ -257,7 +259,7 @@ class Transformer:
         self._has_sliding = any(layer.sliding for layer in self.layers)
         self._q_heads = c.num_heads
         self._qk_heads = c.num_heads + c.num_kv_heads
-        # the row-wise kernel computes decoding rows where it can (float32, AVX-512: `_project`)
+        # the row-wise kernel computes decoding rows where it can (float32 on the CPU: `_project`)
         self._kernel = rowwise.kernel() if self.dtype == torch.float32 and self.lm_head.device.type == "cpu" else None
         self.uses_kernel = self._kernel is not None
         widest = KERNEL_WIDTH if self.uses_kernel else 3

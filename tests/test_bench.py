@@ -98,3 +98,53 @@ def test_per_position_counts_add_up_across_turns_and_reports_redraw(tiny_dir, qu
     (out / "report.md").unlink()
     assert main(["bench", "--report", str(out / "results.json")]) == 0
     assert (out / "report.md").read_text() == first
+
+
+def test_a_crashing_peer_is_reported_failed_and_the_run_completes(tiny_dir, questions, tmp_path, monkeypatch, capsys):
+    """Peers run in child processes: one whose child segfaults (made to, through the bench's fault
+    hook) is reported as failed with the signal, in the results, the printed report and stderr,
+    while every other method runs every question and the report is written. hf_prompt_lookup dies
+    in its warm-up run, hf in its fourth run (question 1, after question 0's record: left out too)."""
+    from verispec.bench.peers import CRASH_ENV
+
+    monkeypatch.setenv(CRASH_ENV, "hf_prompt_lookup,hf@4")
+    out = tmp_path / "out"
+    code = main(["bench", "--model", str(tiny_dir("llama")), "--questions", str(questions), "--limit", "1",
+                 "--max-tokens", "12", "--methods", "plain,prompt_lookup,hf,hf_prompt_lookup", "--out", str(out)])
+    assert code == 0
+    data = json.loads((out / "results.json").read_text())
+    assert data["failed"] == {
+        "hf_prompt_lookup": "crashed: signal 11 (SIGSEGV) in the warm-up run",
+        "hf": "crashed: signal 11 (SIGSEGV) on question 1 (translation)",
+    }
+    assert {r["method"] for r in data["records"]} == {"plain", "prompt_lookup"}
+    assert len(data["records"]) == len(TURNS) * 2 and data["mismatches"] == []
+    assert all(r["matches_plain"] for r in data["records"] if r["method"] == "prompt_lookup")
+    report = (out / "report.md").read_text()
+    assert "| hf | " in report and "failed: crashed: signal 11 (SIGSEGV) on question 1" in report
+    assert "- hf_prompt_lookup: crashed: signal 11 (SIGSEGV) in the warm-up run" in report
+    for png in ("speedup.png", "acceptance.png"):
+        assert (out / png).exists()
+    captured = capsys.readouterr()
+    assert "failed: crashed: signal 11 (SIGSEGV)" in captured.out  # the printed report
+    assert "FAILED hf: crashed: signal 11 (SIGSEGV)" in captured.err
+    (out / "report.md").unlink()  # results.json keeps the failures: the redrawn report has them
+    assert main(["bench", "--report", str(out / "results.json")]) == 0
+    assert (out / "report.md").read_text() == report
+
+
+def test_a_peer_that_does_not_answer_in_time_is_killed_and_failed(tiny_dir, monkeypatch):
+    """A peer's child that does not answer within the timeout (here: while loading) is killed and
+    its failure says so; one that dies while loading reports the signal."""
+    from verispec.bench.peers import CRASH_ENV, IsolatedPeer, PeerFailed
+
+    peer = IsolatedPeer("hf", str(tiny_dir("llama")), [0], timeout=0.05)
+    with pytest.raises(PeerFailed, match=r"no answer within 0.05 s while loading \(killed\)"):
+        peer.wait_ready()
+    assert peer._proc.poll() is not None  # killed
+    peer.close()
+    monkeypatch.setenv(CRASH_ENV, "hf@load")
+    peer = IsolatedPeer("hf", str(tiny_dir("llama")), [0])
+    with pytest.raises(PeerFailed, match=r"^crashed: signal 11 \(SIGSEGV\) while loading$"):
+        peer.wait_ready()
+    peer.close()

@@ -241,6 +241,7 @@ def test_bench_table_per_backend_on_two_models(tmp_path):
     summary = (out / "summary.md").read_text()
     for model in ("smollm2-135m", "gemma3-270m"):
         data = json.loads((out / model / "results.json").read_text())
+        assert data["failed"] == {}  # the llama.cpp peer (in its own process) ran every question
         assert data["bandwidth_gbs"] > 0
         assert set(data["weight_bytes"]) == {"plain", "prompt_lookup", "plain@llamacpp:Q8_0", "prompt_lookup@llamacpp:Q8_0", "llamacpp"}
         assert data["weight_bytes"]["plain"] > data["weight_bytes"]["plain@llamacpp:Q8_0"] > data["weight_bytes"]["llamacpp"]
@@ -253,3 +254,70 @@ def test_bench_table_per_backend_on_two_models(tmp_path):
         assert 0 < fraction < 1.5  # a fraction of the bound (a little over 1 would be timing noise)
         assert rows["llamacpp:Q8_0"][-1].endswith("x |")  # ratio to llama.cpp's plain decoding
         assert "## Per backend" in (out / model / "report.md").read_text()
+
+
+def test_models_load_without_extra_buffer_types(target, monkeypatch):
+    """Our runner and the bench's llama.cpp peer load with llama_model_params.use_extra_bufts off:
+    with it on (llama.cpp's default), an Intel Xeon with AMX repacks the Q4_1/Q8_0 weights for its
+    AMX kernels and segfaults in llama_decode. Checked on the parameters llama.cpp's loader really
+    receives (this machine may have no AMX: the crash itself cannot be shown everywhere)."""
+    import llama_cpp
+    import llama_cpp.llama_cpp as low
+
+    from verispec.bench.methods import LlamaCppMethod
+    from verispec.engine.llamacpp_runner import LlamaCppRunner
+    from verispec.models.registry import resolve
+
+    assert llama_cpp.llama_model_default_params().use_extra_bufts  # llama.cpp's default, what we turn off
+    seen = []
+    load = low.llama_model_load_from_file
+
+    def spy(path, params):
+        seen.append(params.use_extra_bufts)
+        return load(path, params)
+
+    monkeypatch.setattr(llama_cpp, "llama_model_load_from_file", spy)  # the name our runner calls
+    monkeypatch.setattr(low, "llama_model_load_from_file", spy)  # the one llama_cpp.Llama's loader calls
+    path = resolve("smollm2-135m")
+    runner = LlamaCppRunner(path, max_context=256, max_sequences=2)
+    ids = runner.tokenizer.encode("The capital of France is")
+    seq = runner.open(64)
+    assert runner.forward(seq, ids).logits.shape == (1, runner.vocab_size)
+    runner.close(seq)
+    assert seen == [False]
+    peer = LlamaCppMethod("llamacpp", str(path), list(runner.eos_token_ids))
+    assert seen == [False, False] and peer.llm.model_params.use_extra_bufts is False
+    assert len(peer.run(ids, 4, 0.0, 0).token_ids) == 4
+    import llama_cpp._internals as internals
+
+    assert internals.LlamaModel.__module__ == "llama_cpp._internals"  # the patch ends with the construction
+
+
+def test_llamacpp_peer_runs_in_a_child_and_its_crash_is_contained(target, monkeypatch):
+    """The bench's llama.cpp peer runs in a spawned child: the same tokens as in this process, and
+    a segfault there (as llama.cpp's AMX kernels gave) is a PeerFailed naming the signal, not ours."""
+    import os
+
+    from verispec.bench.methods import LlamaCppMethod
+    from verispec.bench.peers import CRASH_ENV, IsolatedPeer, PeerFailed
+    from verispec.models.registry import resolve
+
+    eos = list(target.runner.eos_token_ids)
+    ids = target.tokenizer.encode_chat([{"role": "user", "content": PROMPTS[1]}])
+    here = LlamaCppMethod("llamacpp", str(resolve("smollm2-135m")), eos).run(ids, 16, 0.0, 0)
+    peer = IsolatedPeer("llamacpp", "smollm2-135m", eos)
+    try:
+        peer.wait_ready()
+        assert peer.weight_bytes > 0 and peer.pid != os.getpid()
+        there = peer.run(ids, 16, 0.0, 0)
+        assert there.token_ids == here.token_ids and there.wall_time > 0 and peer.peak_rss_mb > 0
+    finally:
+        peer.close()
+    monkeypatch.setenv(CRASH_ENV, "llamacpp")  # its child segfaults at its first run
+    peer = IsolatedPeer("llamacpp", "smollm2-135m", eos)
+    try:
+        peer.wait_ready()
+        with pytest.raises(PeerFailed, match=r"^crashed: signal 11 \(SIGSEGV\)$"):
+            peer.run(ids, 16, 0.0, 0)
+    finally:
+        peer.close()

@@ -28,9 +28,14 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples, seeded per question")
     b.add_argument("--k", type=int, default=4, help="draft tokens per step for our speculative methods (default: 4)")
     b.add_argument("--draft-model", default=None, help="draft model for draft_model / hf_assisted (same vocabulary)")
-    b.add_argument("--questions", default=None, help="Spec-Bench question.jsonl (default: ../shared/data/spec_bench)")
+    b.add_argument("--questions", default=None,
+                   help="Spec-Bench question.jsonl (default: $VERISPEC_SPEC_BENCH or ../shared/data/spec_bench), "
+                   "or 'builtin' for the project's own prompts")
     b.add_argument("--out", default="results/bench", help="folder for results.json, report.md, *.png")
     b.add_argument("--seed", type=int, default=0, help="base seed of sampling runs")
+    b.add_argument("--peer-timeout", type=float, default=600.0,
+                   help="seconds a peer (each runs in its own process) may take to load or to answer one run before "
+                        "it is reported as failed (default: 600)")
     b.add_argument("--quick", action="store_true", help=f"a few questions, short answers ({QUICK}): minutes, not hours")
     b.add_argument("--adaptive-k", action="store_true",
                    help="our speculative methods choose k (0..--k) per step from acceptance and cost (engine/policy.py)")
@@ -86,6 +91,7 @@ def _run_model(args: argparse.Namespace, model: str, out: Path):
         seed=args.seed,
         adaptive_k=args.adaptive_k,
         cost_profile=args.cost_profile,
+        peer_timeout=args.peer_timeout,
     )
     result = run_bench(cfg)
     save(result, out)
@@ -109,6 +115,8 @@ def _write_summary(results: list, out: Path) -> None:
                   + ", ".join(f"{m} {row['overall']:.2f}x" for m, row in overall.items()), ""]
         if result.mismatches:
             lines += [f"Greedy mismatches of lossless methods: {len(result.mismatches)} (see the report)", ""]
+        if result.failed:
+            lines += ["Failed: " + "; ".join(f"{m}: {why}" for m, why in result.failed.items()), ""]
     (out / "summary.md").write_text("\n".join(lines))
     print("\n".join(lines))
     print(f"saved {out / 'summary.md'}")

@@ -136,6 +136,8 @@ def markdown(result: BenchResult) -> str:
             f"| {m} | " + " | ".join(cells) + f" | {acc} | {row['overall']:.2f}x | {row['tokens_per_s']:.1f} "
             f"| {row['ttft']:.2f} | {row['identical_to_plain']} |"
         )
+    for m, why in result.failed.items():
+        lines.append(f"| {m} | " + " | ".join(["-"] * len(subs)) + f" | - | failed: {why} | - | - | - |")
     ours = [m for m in summary if m not in PEERS]
     peers = [m for m in summary if m in PEERS]
     if peers:
@@ -147,6 +149,10 @@ def markdown(result: BenchResult) -> str:
         lines += ["", "## Per backend", ""] + backends_table(result)
     if result.skipped:
         lines += ["", "Skipped:", ""] + [f"- {m}: {why}" for m, why in result.skipped.items()]
+    if result.failed:
+        lines += ["", "Failed (each peer runs in its own process; a failed one's results are left out, "
+                  "the other methods ran to the end):", ""]
+        lines += [f"- {m}: {why}" for m, why in result.failed.items()]
     lines += ["", "'identical to plain' of a peer is informative only: llama.cpp computes with its quantised "
               "kernels and HF with its own float32 kernels, so near-ties can break differently.",
               "", "Greedy mismatches of lossless methods against plain decoding (bugs):", ""]

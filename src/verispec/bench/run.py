@@ -1,5 +1,8 @@
 """`verispec bench`: Spec-Bench questions through our methods and peers, interleaved per question.
 
+Peers (transformers, llama.cpp) run in child processes (bench/peers.py): one that crashes, hangs
+or raises is reported as failed, with the reason, and left out of the tables; the run goes on.
+
 For each question every method runs once, one after the other, so machine drift hits all alike.
 Multi-turn (MT-bench) questions run both turns through the chat template: the second turn's
 prompt holds the first answer (each method continues its own conversation). Greedy speculative
@@ -17,9 +20,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from verispec.bench.methods import HFMethod, LlamaCppMethod, Method, OursMethod, Unavailable, load_hf_model
+from verispec.bench.methods import Method, OursMethod, Unavailable
+from verispec.bench.peers import PEER_NAMES, IsolatedPeer, PeerFailed
 from verispec.config import SpeculativeConfig
-from verispec.data import find_spec_bench, load_questions, subtask
+from verispec.data import questions as question_set, subtask
 
 SUBTASKS = ("multi_turn", "translation", "summarization", "qa", "math_reasoning", "rag")
 
@@ -39,6 +43,7 @@ class BenchConfig:
     seed: int = 0
     adaptive_k: bool = False  # our speculative methods choose k per step (engine/policy.py) instead of k
     cost_profile: str | None = None  # the forward-cost curve adaptive k reads
+    peer_timeout: float = 600.0  # seconds a peer may take to load or to answer one run, else it failed
 
 
 @dataclass
@@ -52,7 +57,7 @@ class Record:
     target_forwards: int
     accepted_lengths: list[int]
     accepted_per_position: list[int]
-    process_peak_rss_mb: float  # the process's high-water mark so far (all methods share the process)
+    process_peak_rss_mb: float  # high-water mark so far of the method's process (ours share one; each peer has its own)
     matches_plain: bool | None = None  # greedy: same tokens as our plain decoding
     first_mismatch: int | None = None
 
@@ -66,6 +71,7 @@ class BenchResult:
     config: BenchConfig
     records: list[Record] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # method -> why
+    failed: dict[str, str] = field(default_factory=dict)  # peer -> how it failed (its records are left out)
     mismatches: list[str] = field(default_factory=list)
     # how methods were ordered; results.json files written before the rotation say "fixed"
     protocol: str = "rotated"
@@ -122,15 +128,40 @@ def family_profile(cost_profile: str | None, family: str, model: str = "") -> st
     return str(path)
 
 
-def build_methods(cfg: BenchConfig, llm) -> tuple[list[Method], dict[str, str]]:
-    """Our methods and the peers; a peer that cannot run here is skipped with the reason.
+def build_methods(cfg: BenchConfig, llm) -> tuple[list[Method], dict[str, str], dict[str, str]]:
+    """Our methods and the peers (each in its child process, loaded); a peer that cannot run here
+    is skipped with the reason, one whose child died while loading failed, with the reason.
 
     Our methods may name a backend: `plain@llamacpp`, `prompt_lookup@llamacpp:Q8_0` (GGUF targets)."""
     methods: list[Method] = []
     skipped: dict[str, str] = {}
+    failed: dict[str, str] = {}
     eos = list(llm.runner.eos_token_ids)
-    hf_model = None
     llms: dict = {}
+    try:
+        _add_methods(cfg, llm, eos, llms, methods, skipped)
+    except BaseException:
+        close_peers(methods)
+        raise
+    ready: list[Method] = []
+    for m in methods:  # the peers' children loaded side by side
+        try:
+            if isinstance(m, IsolatedPeer):
+                m.wait_ready()
+            ready.append(m)
+        except Unavailable as e:
+            skipped[m.name] = str(e)
+        except PeerFailed as e:
+            failed[m.name] = str(e)
+    if not ready or ready[0].name != "plain":
+        close_peers(ready)
+        raise SystemExit("the bench needs 'plain' first among --methods: every speedup is relative to it")
+    return ready, skipped, failed
+
+
+def _add_methods(cfg: BenchConfig, llm, eos: list[int], llms: dict, methods: list[Method],
+                 skipped: dict[str, str]) -> None:
+    """--methods into `methods`, in order (a peer's child is started, not waited for)."""
     for name in cfg.methods:
         base, family = split_family(name)
         try:
@@ -144,36 +175,39 @@ def build_methods(cfg: BenchConfig, llm) -> tuple[list[Method], dict[str, str]]:
                     adaptive_k=cfg.adaptive_k, cost_profile=family_profile(cfg.cost_profile, family, cfg.model),
                 )
                 methods.append(OursMethod(name, family_llm(cfg, llm, family, llms), spec))
-            elif name.startswith("hf"):
-                hf_model = hf_model or load_hf_model(cfg.model)
-                if name == "hf":
-                    methods.append(HFMethod(name, hf_model, eos))
-                elif name == "hf_prompt_lookup":
-                    methods.append(HFMethod(name, hf_model, eos, prompt_lookup=10))
-                elif name == "hf_assisted":
-                    if not cfg.draft_model:
-                        raise Unavailable("no same-vocabulary assistant (--draft-model) for this target")
-                    methods.append(HFMethod(name, hf_model, eos, assistant=load_hf_model(cfg.draft_model)))
-                else:
-                    raise Unavailable(f"unknown method {name}")
-            elif name.startswith("llamacpp"):
-                from verispec.models.registry import resolve
-
-                path = resolve(cfg.model)
-                if path.suffix.lower() != ".gguf":
-                    raise Unavailable("llama.cpp needs a GGUF target")
-                methods.append(LlamaCppMethod(name, str(path), eos, prompt_lookup=10 if name.endswith("lookup") else 0))
+            elif name in PEER_NAMES:
+                _check_peer(cfg, name)
+                methods.append(IsolatedPeer(name, cfg.model, eos, cfg.draft_model, timeout=cfg.peer_timeout))
             else:
                 raise Unavailable(f"unknown method {name!r}")
         except Unavailable as e:
             skipped[name] = str(e)
-    if not methods or methods[0].name != "plain":
-        raise SystemExit("the bench needs 'plain' first among --methods: every speedup is relative to it")
-    return methods, skipped
+
+
+def _check_peer(cfg: BenchConfig, name: str) -> None:
+    """What is known without starting the peer's child: Unavailable if it cannot run here."""
+    import importlib.util
+
+    from verispec.models.registry import resolve
+
+    if name.startswith("llamacpp"):
+        if importlib.util.find_spec("llama_cpp") is None:
+            raise Unavailable("llama-cpp-python is not installed (pip install llama-cpp-python)")
+        if resolve(cfg.model).suffix.lower() != ".gguf":
+            raise Unavailable("llama.cpp needs a GGUF target")
+    elif name == "hf_assisted" and not cfg.draft_model:
+        raise Unavailable("no same-vocabulary assistant (--draft-model) for this target")
+
+
+def close_peers(methods: list[Method]) -> None:
+    """End the peers' child processes."""
+    for m in methods:
+        if isinstance(m, IsolatedPeer):
+            m.close()
 
 
 def select_questions(cfg: BenchConfig) -> list[dict]:
-    questions = load_questions(find_spec_bench(cfg.questions))
+    questions = question_set(cfg.questions or "spec_bench")
     unknown = set(cfg.categories) - set(SUBTASKS)
     if unknown:
         raise SystemExit(f"unknown categories {sorted(unknown)}; Spec-Bench's are {', '.join(SUBTASKS)}")
@@ -216,18 +250,41 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
     from verispec import LLM
 
     llm = LLM(cfg.model)
-    methods, skipped = build_methods(cfg, llm)
+    methods, skipped, failed = build_methods(cfg, llm)
+    try:
+        return _run_methods(cfg, llm, methods, skipped, failed)
+    finally:
+        close_peers(methods)
+
+
+def _run_methods(cfg: BenchConfig, llm, methods: list[Method], skipped: dict[str, str],
+                 failed: dict[str, str]) -> BenchResult:
     for name, why in skipped.items():
         print(f"[bench] skipping {name}: {why}", file=sys.stderr)
+    for name, why in failed.items():
+        print(f"[bench] FAILED {name}: {why}; the other methods go on", file=sys.stderr)
     questions = select_questions(cfg)
     from verispec.bench.profile import measure_bandwidth
 
-    result = BenchResult(cfg, skipped=skipped, bandwidth_gbs=measure_bandwidth(),
+    result = BenchResult(cfg, skipped=skipped, failed=failed, bandwidth_gbs=measure_bandwidth(),
                          weight_bytes={m.name: m.weight_bytes for m in methods})
+    methods = list(methods)  # a peer that fails leaves this list (the caller still closes it)
+
+    def fail(m: Method, e: PeerFailed, where: str) -> None:
+        result.failed[m.name] = f"{e} {where}"
+        tqdm.write(f"[bench] FAILED {m.name}: {e} {where}; its results are left out, the other methods go on",
+                   file=sys.stderr)
+        methods.remove(m)
+        result.records = [r for r in result.records if r.method != m.name]
+        result.weight_bytes.pop(m.name, None)
+
     if questions:  # untimed warm-up: first-touch costs must not land on whichever method runs first
         warm = llm.tokenizer.encode_chat([{"role": "user", "content": questions[0]["turns"][0]}])
-        for m in methods:
-            m.run(warm, 8, cfg.temperature, cfg.seed)
+        for m in list(methods):
+            try:
+                m.run(warm, 8, cfg.temperature, cfg.seed)
+            except PeerFailed as e:
+                fail(m, e, "in the warm-up run")
     bar = tqdm(total=len(questions) * len(methods), desc="bench", unit="run", file=sys.stderr)
     tok_sum: dict[str, tuple[int, float]] = {}
     for i, q in enumerate(questions):
@@ -235,10 +292,16 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
         for m in methods[i % len(methods):] + methods[: i % len(methods)]:  # rotate: no method always first
             n, t = tok_sum.get(m.name, (0, 0.0))
             bar.set_postfix_str(f"{m.name} q{q['question_id']} ({subtask(q)}) {n / t if t else 0:.1f} tok/s")
-            tokens, wall, ttft, forwards, lengths, per_pos = run_question(m, llm, q, cfg)
+            try:
+                tokens, wall, ttft, forwards, lengths, per_pos = run_question(m, llm, q, cfg)
+            except PeerFailed as e:
+                fail(m, e, f"on question {q['question_id']} ({subtask(q)})")
+                bar.total -= len(questions) - i
+                continue
             tok_sum[m.name] = (n + len(tokens), t + wall)
+            rss = getattr(m, "peak_rss_mb", None) or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             records[m.name] = (Record(q["question_id"], subtask(q), m.name, len(tokens), wall, ttft, forwards, lengths,
-                                      per_pos, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), tokens)
+                                      per_pos, rss), tokens)
             bar.update(1)
         for m in methods:
             rec, tokens = records[m.name]
@@ -270,6 +333,7 @@ def save(result: BenchResult, out: Path) -> None:
     data = {
         "config": asdict(result.config),
         "skipped": result.skipped,
+        "failed": result.failed,
         "mismatches": result.mismatches,
         "protocol": result.protocol,
         "bandwidth_gbs": result.bandwidth_gbs,
@@ -293,5 +357,5 @@ def load(path: Path) -> BenchResult:
         # runs saved before a fix padded per-position counts past k with zeros
         raw["accepted_per_position"] = raw["accepted_per_position"][: cfg.k]
         records.append(Record(**{k: v for k, v in raw.items() if k in fields}))
-    return BenchResult(cfg, records, data.get("skipped", {}), data.get("mismatches", []), data.get("protocol", "fixed"),
-                       data.get("bandwidth_gbs"), data.get("weight_bytes", {}))
+    return BenchResult(cfg, records, data.get("skipped", {}), data.get("failed", {}), data.get("mismatches", []),
+                       data.get("protocol", "fixed"), data.get("bandwidth_gbs"), data.get("weight_bytes", {}))

@@ -18,10 +18,9 @@ import statistics
 import torch
 
 from verispec import LLM, SamplingParams
-from verispec.engine.llm import build_policy
 from verispec.config import SpeculativeConfig
-from verispec.engine.speculative import SpeculativeDecoder
-from verispec.proposers.base import Draft, create_proposer, register
+from verispec.engine.assembly import build_decoder
+from verispec.proposers.base import Draft, register
 
 
 @register("random_draft")
@@ -67,14 +66,12 @@ def main() -> None:
     llm = LLM(args.model, backend=args.backend, weights_format=args.weights_format)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(1000, llm.runner.vocab_size, (args.prompt_tokens,), generator=g).tolist() for _ in range(args.prompts)]
-    methods = {"plain": SpeculativeDecoder(llm.runner)}
+    methods = {"plain": build_decoder(llm.runner, None)}
     for name in ["random_draft", "prompt_lookup"] + (["draft_model"] if args.draft_model else []):
         for adaptive in (False, True):
             spec = SpeculativeConfig(method=name, num_speculative_tokens=args.k, draft_model=args.draft_model,
                                      adaptive_k=adaptive, cost_profile=args.cost_profile)
-            proposer = create_proposer(spec, llm.runner)
-            policy = build_policy(spec, getattr(proposer, "relative_cost", 0.0), llm.runner)
-            methods[f"{name} k={args.k}" + (" adaptive" if adaptive else " fixed")] = SpeculativeDecoder(llm.runner, proposer, args.k, policy)
+            methods[f"{name} k={args.k}" + (" adaptive" if adaptive else " fixed")] = build_decoder(llm.runner, spec)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     for d in methods.values():  # warm-up
         d.generate(prompts[0][:8], SamplingParams(temperature=0, max_tokens=4))

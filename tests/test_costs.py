@@ -6,8 +6,8 @@ import pytest
 
 from verispec import LLM, SamplingParams
 from verispec.config import SpeculativeConfig
-from verispec.engine.costs import LLAMACPP_POINTS, backend_cost, default_cost, interpolated, measured_cost, monotone
-from verispec.engine.llm import build_policy
+from verispec.engine.assembly import build_policy
+from verispec.engine.costs import LLAMACPP_POINTS, backend_cost, default_cost, interpolated, llamacpp_cost, measured_cost, monotone
 from verispec.errors import ConfigError
 
 
@@ -19,12 +19,13 @@ def test_interpolated_curve_passes_through_its_points_and_extends_its_last_slope
 
 
 def test_backend_curves_and_llamacpp_decodes_split_at_invariant_rows():
-    assert backend_cost(SimpleNamespace(backend="torch")) is default_cost
+    assert backend_cost(SimpleNamespace(backend="torch")) is default_cost  # a runner with no curve of its own
     assert backend_cost(None) is default_cost
-    llamacpp = backend_cost(SimpleNamespace(backend="llamacpp", invariant_rows=32))
+    assert backend_cost(SimpleNamespace(builtin_cost=lambda: llamacpp_cost(32)))(8) == pytest.approx(3.8)
+    llamacpp = llamacpp_cost(32)
     assert [llamacpp(n) for n, _ in LLAMACPP_POINTS] == pytest.approx([c for _, c in LLAMACPP_POINTS])
     assert llamacpp(5) > default_cost(5)  # llama.cpp's verification is steeper here than torch's
-    split = backend_cost(SimpleNamespace(backend="llamacpp", invariant_rows=3))
+    split = llamacpp_cost(3)
     assert split(3) == pytest.approx(llamacpp(3))
     assert split(5) == pytest.approx(llamacpp(3) + llamacpp(2))  # a decode of 3 rows, then one of 2
     assert split(9) == pytest.approx(3 * llamacpp(3))

@@ -17,26 +17,28 @@ def test_write_view_truncate_overwrite():
     c = make()
     k, v = kv([1, 2, 3, 4])
     c.write(0, 0, k, v)
-    c.length = 4
+    c.advance(4)
     c.truncate(2)  # O(1): only the length moves
     assert c.length == 2
     k2, v2 = kv([7, 8])
     c.write(0, 2, k2, v2)
-    c.length = 4
+    c.advance(2)
     keys, values = c.view(0, 0, c.length)
     assert keys[0, :, 0].tolist() == [1, 2, 7, 8]
     assert values[0, :, 0].tolist() == [-1, -2, -7, -8]
     assert c.keys[1].abs().sum() == 0  # other layers untouched
 
 
-def test_keep_path_gathers_accepted_entries():
+def test_only_the_cache_moves_its_length():
     c = make()
-    k, v = kv([10, 11, 12, 13, 14])
-    c.write(0, 3, k, v)
-    c.length = 8
-    c.keep(3, torch.tensor([0, 2, 4]))  # tree path: nodes 0, 2, 4
-    assert c.length == 6
-    assert c.view(0, 3, 6)[0][0, :, 0].tolist() == [10, 12, 14]
+    with pytest.raises(AttributeError):
+        c.length = 3  # no setter: advance and truncate are the verbs
+    c.advance(10)  # the buffers hold all 10 positions of its capacity
+    assert c.length == 10
+    with pytest.raises(IndexError):
+        c.advance(1)  # past the buffers
+    with pytest.raises(IndexError):
+        c.advance(-1)  # backwards is truncate's job
 
 
 def test_errors():

@@ -133,9 +133,7 @@ def _generate(args: argparse.Namespace) -> int:
     spec = _from_args(SpeculativeConfig, args)
     engine = _from_args(EngineConfig, args, speculative=spec)
     params = _from_args(SamplingParams, args)
-    from verispec.engine.llm import engine_options
-
-    llm = LLM(engine.model, speculative=spec, **engine_options(engine))
+    llm = LLM.from_config(engine)
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
             {"role": "user", "content": args.prompt}

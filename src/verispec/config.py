@@ -144,10 +144,16 @@ class EngineConfig:
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
     def __post_init__(self) -> None:
-        if self.backend not in ("torch", "llamacpp"):
-            raise ConfigError(f"backend must be torch or llamacpp, got {self.backend!r}")
-        if self.weights_format is not None and (self.backend != "llamacpp" or self.weights_format not in ("Q8_0", "F16", "F32")):
-            raise ConfigError(f"weights_format (Q8_0, F16 or F32) needs backend llamacpp, got {self.weights_format!r} on {self.backend}")
+        from verispec.engine.backends import BACKENDS, get_backend  # the registry knows every backend
+
+        formats = get_backend(self.backend).weights_formats  # a ConfigError naming the known ones
+        if self.weights_format is not None and self.weights_format not in formats:
+            offered = {name: b.weights_formats for name, b in sorted(BACKENDS.items()) if b.weights_formats}
+            raise ConfigError(
+                f"weights_format {self.weights_format!r} is not one of backend {self.backend}'s "
+                f"({', '.join(formats) or 'none'}); backends with weight formats: "
+                + "; ".join(f"{name}: {', '.join(f)}" for name, f in offered.items())
+            )
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if not isinstance(self.batch_invariant, bool):

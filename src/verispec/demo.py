@@ -18,17 +18,16 @@ def run_demo(args: argparse.Namespace) -> int:
     from verispec import LLM
     from verispec.cli import _from_args
     from verispec.config import EngineConfig
-    from verispec.engine.llm import engine_options
-    from verispec.engine.speculative import SpeculativeDecoder
+    from verispec.engine.assembly import build_decoder
 
     method = args.method or "prompt_lookup"
     spec = _from_args(SpeculativeConfig, args, method=method)  # every engine and speculation flag counts
     engine = _from_args(EngineConfig, args, speculative=spec)
     questions = pick_spread(load_prompt_set(args.questions), args.num_prompts)
     t0 = time.perf_counter()
-    llm = LLM(engine.model, speculative=spec, **engine_options(engine))
+    llm = LLM.from_config(engine)
     print(f"loaded {args.model} in {time.perf_counter() - t0:.1f}s; method {method}, k={spec.num_speculative_tokens}")
-    plain = SpeculativeDecoder(llm.runner)
+    plain = build_decoder(llm.runner, None)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     tok = llm.tokenizer
     rows = []

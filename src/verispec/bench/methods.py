@@ -6,6 +6,7 @@ is of decoding, not of prompting. A method returns a `Run`: new token ids and th
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
@@ -43,17 +44,12 @@ class Unavailable(Exception):
 
 class OursMethod:
     def __init__(self, name: str, llm, spec: SpeculativeConfig | None) -> None:
-        from verispec.engine.speculative import SpeculativeDecoder
-        from verispec.proposers.base import create_proposer
-
-        from verispec.engine.llm import build_policy
+        from verispec.engine.assembly import build_decoder
 
         self.name = name
         self.speculative = spec is not None
         self.weight_bytes = llm.runner.weight_bytes  # the target's (a draft model's are not counted)
-        proposer = create_proposer(spec, llm.runner) if spec else None
-        policy = build_policy(spec, getattr(proposer, "relative_cost", 0.0), llm.runner) if spec else None
-        self.decoder = SpeculativeDecoder(llm.runner, proposer, spec.num_speculative_tokens if spec else 0, policy)
+        self.decoder = build_decoder(llm.runner, spec)  # spec None: plain decoding
 
     def run(self, prompt_ids, max_tokens, temperature, seed) -> Run:
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
@@ -138,6 +134,29 @@ def load_hf_model(name: str):
 # llama.cpp (optional)
 
 
+@contextlib.contextmanager
+def _without_extra_bufts():
+    """`llama_cpp.Llama` built inside loads its model with use_extra_bufts off, as our runner does
+    (engine/llamacpp_runner.py, model_params: llama.cpp's AMX weight repacking crashes in
+    llama_decode on Intel Xeons with AMX). `Llama` fills its llama_model_params itself without
+    that option and hands them to `_internals.LlamaModel`, which loads the file: for the duration,
+    that class is one that turns the field off first (on the Llama's own `model_params`)."""
+    import llama_cpp._internals as internals
+
+    original = internals.LlamaModel
+
+    class LlamaModel(original):
+        def __init__(self, *, params, **kwargs) -> None:
+            params.use_extra_bufts = False
+            super().__init__(params=params, **kwargs)
+
+    internals.LlamaModel = LlamaModel
+    try:
+        yield
+    finally:
+        internals.LlamaModel = original
+
+
 class LlamaCppMethod:
     """llama-cpp-python on the same GGUF file: plain decoding, or its prompt-lookup drafter."""
 
@@ -155,8 +174,9 @@ class LlamaCppMethod:
         self.speculative = False
         self.eos_ids = set(eos_ids)
         # its speculative path reads logits of every position: it needs logits_all (n_ctx x vocab floats)
-        self.llm = llama_cpp.Llama(model_path=gguf_path, n_ctx=4096, verbose=False, draft_model=draft,
-                                   logits_all=draft is not None, n_threads=torch.get_num_threads())
+        with _without_extra_bufts():
+            self.llm = llama_cpp.Llama(model_path=gguf_path, n_ctx=4096, verbose=False, draft_model=draft,
+                                       logits_all=draft is not None, n_threads=torch.get_num_threads())
         self.weight_bytes = int(llama_cpp.llama_model_size(self.llm.model))
 
     def run(self, prompt_ids, max_tokens, temperature, seed) -> Run:

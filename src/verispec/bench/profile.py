@@ -10,46 +10,13 @@ to choose k.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tqdm import tqdm
 
-from verispec.engine.costs import time_forwards
-
-
-@dataclass
-class CostProfile:
-    model: str
-    contexts: list[int]
-    ks: list[int]
-    ms: dict[str, list[float]]  # str(context) -> median ms per forward, one per k
-    backend: str = "torch"
-    weights_format: str = "float32"
-    weight_bytes: int = 0
-    bandwidth_gbs: float = 0.0  # measured read bandwidth of this machine
-    linear_floor_ms: float | None = None  # torch: one token through every linear layer, best of 10
-    forward_best_ms: float | None = None  # torch: a one-token forward after 512 tokens, best of 10, beside the floor
-
-    @property
-    def bound_ms(self) -> float:
-        """Bandwidth bound of a one-token forward: every weight byte read once."""
-        return self.weight_bytes / (self.bandwidth_gbs * 1e9) * 1000 if self.bandwidth_gbs else float("nan")
-
-    def cost(self, k: int, context: int) -> float:
-        """Median ms of a forward over k new tokens, at the profiled context nearest `context`."""
-        ctx = min(self.contexts, key=lambda c: abs(c - context))
-        return self.ms[str(ctx)][self.ks.index(min(self.ks, key=lambda x: abs(x - k)))]
-
-    def save(self, path: Path) -> None:
-        path.write_text(json.dumps(asdict(self), indent=1))
-
-    @classmethod
-    def load(cls, path: Path) -> "CostProfile":
-        return cls(**json.loads(Path(path).read_text()))
+from verispec.engine.costs import CostProfile, time_forwards
 
 
 def measure_bandwidth(mib: int = 512, repeats: int = 5) -> float:

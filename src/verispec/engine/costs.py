@@ -7,8 +7,9 @@ Sources, chosen by SpeculativeConfig.cost_profile:
                 kernel variant and thread count (`cached_cost`), then read from the verispec cache,
                 so no user runs on another machine's numbers or pays for timing at every start
     "auto"      timed now on the loaded model (`measured_cost`, about a second for a 135M model)
-    "builtin"   the backend's built-in curve (`backend_cost`, also None): measured on one machine
-    a path      a `verispec bench --profile` JSON (`profile_cost`)
+    "builtin"   the backend's built-in curve (`backend_cost`: the runner's `builtin_cost()`),
+                measured on one machine
+    a path      a `verispec bench --profile` JSON (`CostProfile`, `profile_cost`)
 k choices, and with them a seeded sampled request's exact tokens, depend on the curve; greedy
 output never does.
 Every curve is made non-decreasing: a measured dip (2 tokens timed below 1) is noise or a
@@ -17,8 +18,11 @@ kernel's blocking that a policy must not bet on.
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
@@ -91,15 +95,25 @@ def split_cost(curve: CostCurve, rows: int) -> CostCurve:
 
 
 def backend_cost(runner) -> CostCurve:
-    """The built-in curve of a runner's backend ("torch", "llamacpp"; None: torch's)."""
-    if getattr(runner, "backend", "torch") != "llamacpp":
-        if not getattr(runner, "batch_invariant", False):
-            return default_cost
-        width = runner.model.invariant_width
-        if runner.model.uses_kernel:  # the row-wise kernel's curve, in passes of `width` rows
-            return kernel_cost if width == KERNEL_WIDTH else split_cost(kernel_cost, width)
-        return invariant_cost if width == 3 else (lambda n: invariant_cost(n, width))
-    return split_cost(interpolated(LLAMACPP_POINTS), runner.invariant_rows)
+    """The built-in curve of a runner's backend (its `builtin_cost()`; no runner, or one without a
+    curve of its own: `default_cost`)."""
+    builtin = getattr(runner, "builtin_cost", None)
+    return builtin() if builtin is not None else default_cost
+
+
+def torch_cost(batch_invariant: bool, kernel: bool, width: int) -> CostCurve:
+    """The torch backend's built-in curve: rows in products of at most `width` rows (the
+    runner's probed `invariant_width`), through the row-wise kernel where `kernel`."""
+    if not batch_invariant:
+        return default_cost
+    if kernel:  # the row-wise kernel's curve, in passes of `width` rows
+        return kernel_cost if width == KERNEL_WIDTH else split_cost(kernel_cost, width)
+    return invariant_cost if width == 3 else (lambda n: invariant_cost(n, width))
+
+
+def llamacpp_cost(invariant_rows: int) -> CostCurve:
+    """The llamacpp backend's built-in curve, for decodes of at most `invariant_rows` rows."""
+    return split_cost(interpolated(LLAMACPP_POINTS), invariant_rows)
 
 
 kernel_cost = interpolated(KERNEL_POINTS)
@@ -125,7 +139,41 @@ def monotone(ns: Sequence[int], ms: Sequence[float]) -> CostCurve:
     return cost
 
 
-def profile_cost(profile, context: int = 512) -> CostCurve:
+@dataclass
+class CostProfile:
+    """A measured cost profile (`verispec bench --profile` writes one per backend and format; the
+    engine reads it back through `SpeculativeConfig.cost_profile`)."""
+
+    model: str
+    contexts: list[int]
+    ks: list[int]
+    ms: dict[str, list[float]]  # str(context) -> median ms per forward, one per k
+    backend: str = "torch"
+    weights_format: str = "float32"
+    weight_bytes: int = 0
+    bandwidth_gbs: float = 0.0  # measured read bandwidth of this machine
+    linear_floor_ms: float | None = None  # torch: one token through every linear layer, best of 10
+    forward_best_ms: float | None = None  # torch: a one-token forward after 512 tokens, best of 10, beside the floor
+
+    @property
+    def bound_ms(self) -> float:
+        """Bandwidth bound of a one-token forward: every weight byte read once."""
+        return self.weight_bytes / (self.bandwidth_gbs * 1e9) * 1000 if self.bandwidth_gbs else float("nan")
+
+    def cost(self, k: int, context: int) -> float:
+        """Median ms of a forward over k new tokens, at the profiled context nearest `context`."""
+        ctx = min(self.contexts, key=lambda c: abs(c - context))
+        return self.ms[str(ctx)][self.ks.index(min(self.ks, key=lambda x: abs(x - k)))]
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=1))
+
+    @classmethod
+    def load(cls, path: Path) -> "CostProfile":
+        return cls(**json.loads(Path(path).read_text()))
+
+
+def profile_cost(profile: CostProfile, context: int = 512) -> CostCurve:
     """The curve of a measured `CostProfile` (verispec bench --profile) at its context nearest `context`."""
     return monotone(profile.ks, [profile.cost(k, context) for k in profile.ks])
 

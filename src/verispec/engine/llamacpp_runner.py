@@ -24,9 +24,9 @@ Two choices make them agree:
 - Decodes that want logits at every row (verification, decoding steps) hold at most
   `invariant_rows` rows, measured once per model file, format, thread count and machine
   (`probe_invariant_rows`, cached on disk): some weight formats switch matrix kernels with the
-  number of rows (Gemma 3's Q4_K_M from 4 rows on here; Q4_1 and Q8_0 not up to 32), and a
-  larger verification is split into several decodes. Prompt processing goes in n_batch chunks,
-  the same for plain and speculative decoding.
+  number of rows (Gemma 3's Q4_K_M from 8 rows on, on an AVX-512 EPYC; Q4_1 and Q8_0 not up to
+  32), and a larger verification is split into several decodes. Prompt processing goes in
+  n_batch chunks, the same for plain and speculative decoding.
 Checked here at contexts of 700 tokens (tests/test_llamacpp_backend.py); with the quantised
 cache no attention path depends on the context length, and matrix kernels depend on shapes only.
 """
@@ -51,6 +51,7 @@ log = logging.getLogger("verispec")
 WEIGHT_FORMATS = ("Q8_0", "F16", "F32")
 DEFAULT_CONTEXT = 8192  # cells of the shared KV cache unless max_context asks otherwise
 PROBE_ROWS = 32  # probe_invariant_rows checks decodes of 2, 3, ..., this many rows
+BUFFERS = "no extra bufts"  # the weight layout model_params asks for, in the probe and cost-curve keys
 
 
 def _llama_cpp():
@@ -82,6 +83,22 @@ def convert_weights(path: Path, fmt: str) -> Path:
     return out
 
 
+def model_params(L):
+    """The llama_model_params every llama.cpp model in verispec loads with (this runner, the bench's
+    llama.cpp peer): llama.cpp's defaults without the extra buffer types.
+
+    The extra buffer types make llama.cpp repack weights at load for a CPU-specific kernel: on an
+    Intel Xeon with AMX, llama-cpp-python 0.3.36 repacks Q4_1/Q8_0 weights into its AMX buffer and
+    then segfaults inside llama_decode (the bundled SmolLM2, and plain `llama_cpp.Llama` alike;
+    llama.cpp issue 20824 reports a segfault in its AMX matrix product); without them the same
+    decode runs. Off on every CPU, not only with AMX (llama.cpp's `--no-repack`): one weight layout
+    everywhere, so a machine's numerics and speed do not hang on which repacked kernels it has (on
+    an AVX-512 EPYC only Gemma 3's Q4_K tensors were repacked, SmolLM2's Q4_1 none)."""
+    params = L.llama_model_default_params()
+    params.use_extra_bufts = False  # any change here must change BUFFERS (probe and cost-curve keys)
+    return params
+
+
 @ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 def _quiet_log(level, text, user_data):  # llama.cpp's loading chatter off stderr
     pass
@@ -106,7 +123,7 @@ class LlamaCppRunner:
         self.config = config
         self.path = convert_weights(gguf_path, weights_format) if weights_format else Path(gguf_path)
         self.weights_format = weights_format or "as shipped"
-        self.model = L.llama_model_load_from_file(str(self.path).encode(), L.llama_model_default_params())
+        self.model = L.llama_model_load_from_file(str(self.path).encode(), model_params(L))
         if not self.model:
             raise UnsupportedModelError(f"llama.cpp could not load {self.path}")
         self.max_context = min(config.max_position, max_context or DEFAULT_CONTEXT)
@@ -271,11 +288,23 @@ class LlamaCppRunner:
         except OSError:
             pass
         version = getattr(self._L, "__version__", "?")
-        return f"{file_key(self.path)}|llama-cpp-python {version}|{self.threads} threads|{cpu}"
+        return f"{file_key(self.path)}|llama-cpp-python {version}|{BUFFERS}|{self.threads} threads|{cpu}"
 
     def cost_identity(self) -> str:
         """What this runner's forward cost depends on, beside the machine (engine/costs.py)."""
-        return f"llamacpp|{file_key(self.path)}|{self.weights_format}|{self.threads} threads|rows={self.invariant_rows}"
+        return f"llamacpp|{file_key(self.path)}|{self.weights_format}|{BUFFERS}|{self.threads} threads|rows={self.invariant_rows}"
+
+    def builtin_cost(self):
+        """llama.cpp's built-in curve, split into decodes of at most `invariant_rows` rows."""
+        from verispec.engine.costs import llamacpp_cost
+
+        return llamacpp_cost(self.invariant_rows)
+
+    def build_drafter(self, model: str):
+        """A runner for a draft model on llama.cpp too (a GGUF file, as shipped)."""
+        from verispec.engine.backends import RunnerConfig, build_runner
+
+        return build_runner(self.backend, RunnerConfig(model))
 
     # -- internals ----------------------------------------------------------------------------
     def _decode(self, rows: list[tuple[int, int, int, int]]) -> None:

@@ -9,77 +9,14 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-import torch
-
 from verispec.config import EngineConfig, SamplingParams, SpeculativeConfig
+from verispec.engine.assembly import build_engine
 from verispec.engine.metrics import RequestMetrics
-from verispec.engine.costs import backend_cost, cached_cost, measured_cost, profile_cost
-from verispec.engine.policy import SpeculationPolicy
-from verispec.engine.runner import TorchRunner
-from verispec.engine.speculative import Request, SpeculativeDecoder
+from verispec.engine.speculative import Request
 from verispec.errors import ConfigError, InvalidPromptError, InvalidSamplingParamsError
-from verispec.models.registry import load_model
-from verispec.proposers.base import create_proposer
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def build_runner(
-    model: str,
-    dtype: torch.dtype | str = torch.float32,
-    max_context: int | None = None,
-    backend: str = "torch",
-    weights_format: str | None = None,
-    batch_invariant: bool = True,
-):
-    """A ModelRunner for `model` on the chosen backend (`batch_invariant`: see EngineConfig; the
-    llama.cpp runner always is)."""
-    if backend == "llamacpp":
-        from verispec.engine.llamacpp_runner import LlamaCppRunner
-        from verispec.models.registry import resolve
-
-        path = resolve(model)
-        if path.suffix.lower() != ".gguf":
-            raise ConfigError(f"the llamacpp backend runs GGUF files; {path} is not one")
-        if dtype not in (torch.float32, "float32"):
-            raise ConfigError("the llamacpp backend computes in the GGUF's own formats; choose them with weights_format, not dtype")
-        return LlamaCppRunner(path, max_context=max_context, weights_format=weights_format, num_threads=torch.get_num_threads())
-    from verispec.models.loaders import file_key
-    from verispec.models.registry import resolve
-
-    loaded = load_model(model)
-    if isinstance(dtype, str):
-        dtype = _DTYPES[dtype]
-    return TorchRunner(loaded.config, loaded.weights, loaded.tokenizer, dtype=dtype, max_context=max_context,
-                       batch_invariant=batch_invariant, source=file_key(resolve(model)))
-
-
-def build_policy(spec: SpeculativeConfig, draft_cost: float = 0.0, runner=None) -> SpeculationPolicy:
-    """The speculation-length policy the configuration asks for, on `runner`'s cost curve:
-    "measured" (timed once per machine and model, then read from the cache), "auto" (timed now),
-    "builtin" (the backend's built-in curve), or a profile file."""
-    k = spec.num_speculative_tokens if spec.method else 0
-    cost = backend_cost(runner)
-    timed = spec.method and spec.adaptive_k and runner is not None
-    if spec.cost_profile in ("auto", "measured"):
-        if runner is None and spec.cost_profile == "auto":
-            raise ConfigError('cost_profile "auto" needs the loaded model to time')
-        if timed:
-            cost = measured_cost(runner, k + 1) if spec.cost_profile == "auto" else cached_cost(runner, k + 1)
-    elif spec.cost_profile and spec.cost_profile != "builtin":
-        from verispec.bench.profile import CostProfile
-
-        try:
-            cost = profile_cost(CostProfile.load(Path(spec.cost_profile)))
-        except (OSError, ValueError, TypeError, KeyError) as e:
-            raise ConfigError(f"cannot read the cost profile {spec.cost_profile}: {e}") from e
-    return SpeculationPolicy(k, adaptive=spec.adaptive_k, disable_by_batch_size=spec.disable_by_batch_size, cost=cost,
-                             draft_cost=draft_cost, chunks=getattr(runner, "verify_chunks", None))
-
 
 # the EngineConfig fields LLM(...) takes as keyword options (model and speculative are its own arguments)
 ENGINE_OPTIONS = tuple(f.name for f in dataclasses.fields(EngineConfig) if f.name not in ("model", "speculative"))
@@ -134,14 +71,15 @@ class LLM:
         if unknown:
             raise ConfigError(f"unknown LLM option(s) {unknown}; known: {sorted(ENGINE_OPTIONS)}")
         self.config = EngineConfig(model=model, speculative=spec, **engine_options)
-        if self.config.num_threads:
-            torch.set_num_threads(self.config.num_threads)
-        c = self.config
-        self.runner = build_runner(model, c.dtype, c.max_model_len, c.backend, c.weights_format, c.batch_invariant)
-        self.tokenizer = self.runner.tokenizer
-        proposer = create_proposer(spec, self.runner) if spec.method else None
-        policy = build_policy(spec, getattr(proposer, "relative_cost", 0.0), self.runner)
-        self.decoder = SpeculativeDecoder(self.runner, proposer, spec.num_speculative_tokens, policy)
+        self.engine = build_engine(self.config)
+        self.runner = self.engine.runner
+        self.tokenizer = self.engine.tokenizer
+        self.decoder = self.engine.decoder
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> "LLM":
+        """The LLM an EngineConfig describes (the CLI's and the server's way in)."""
+        return cls(config.model, speculative=config.speculative, **engine_options(config))
 
     def generate(
         self,

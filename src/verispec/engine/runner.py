@@ -2,8 +2,10 @@
 
 Everything above this line (drafters, verifier, scheduler) talks to models only through
 `ModelRunner`: open a sequence, forward new tokens at the sequence's next positions and get
-logits (and hidden states where the backend has them), truncate, free. A second backend
-(llama.cpp, a later issue) implements the same verbs.
+logits (and hidden states where the backend has them), truncate, free. A runner also reports what
+callers would otherwise reach around it for: its built-in cost curve, what its cost depends on,
+and how to build a drafter runner beside it. Each backend implements the same verbs and registers
+a factory in engine/backends/.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from typing import Protocol
 
 import torch
 
+from verispec.engine.costs import CostCurve, torch_cost
 from verispec.models.config import ModelConfig
 from verispec.models.kv_cache import KVCache
 from verispec.models.transformer import ForwardOutput, Segment, Transformer, invariant_chunks
-from verispec.tokenizer import Tokenizer
+from verispec.models.tokenizer import Tokenizer
 
 
 @dataclass
@@ -57,6 +60,15 @@ class ModelRunner(Protocol):
 
     def close(self, seq: int) -> None:
         """Free the sequence's memory."""
+
+    def builtin_cost(self) -> CostCurve:
+        """The backend's built-in forward-cost curve for this runner (engine/costs.py)."""
+
+    def cost_identity(self) -> str:
+        """What this runner's forward cost depends on, beside the machine (engine/costs.py)."""
+
+    def build_drafter(self, model: str) -> "ModelRunner":
+        """A runner for a draft model `model` beside this one: same backend and dtype."""
 
 
 class TorchRunner:
@@ -105,6 +117,17 @@ class TorchRunner:
         """What this runner's forward cost depends on, beside the machine (engine/costs.py)."""
         kernel = self.model._kernel.variant() if self.model.uses_kernel else "mkl"
         return f"torch|{self.source}|{self.dtype}|invariant={self.batch_invariant}|kernel={kernel}|width={self.model.invariant_width}"
+
+    def builtin_cost(self) -> CostCurve:
+        return torch_cost(self.batch_invariant, self.model.uses_kernel, self.model.invariant_width)
+
+    def build_drafter(self, model: str) -> "ModelRunner":
+        """Batch invariance is the target's concern: any draft verifies losslessly, and a sampled
+        draft's q is the distribution it was drawn from, so the drafter takes the faster kernels."""
+        from verispec.engine.backends import RunnerConfig, build_runner
+
+        dtype = str(self.dtype).removeprefix("torch.")
+        return build_runner(self.backend, RunnerConfig(model, dtype=dtype, batch_invariant=False))
 
     def verify_chunks(self, n: int) -> list[int]:
         """Batch-invariant: the products the forward would split n rows into anyway, so forwarding

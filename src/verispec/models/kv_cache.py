@@ -1,8 +1,9 @@
 """KVCache: one sequence's preallocated key/value buffers, owned by that sequence.
 
 Keys and values are written at explicit positions; `length` says how many positions are
-valid. Rolling back after a rejected draft is O(1): `truncate` only moves `length` back, the
-stale entries are overwritten by the next write. `capacity` is the most the sequence may hold;
+valid, and only the cache's own verbs move it: `advance` after a forward has written its new
+positions, `truncate` to roll back. Rolling back after a rejected draft is O(1): `truncate` only
+moves `length` back, the stale entries are overwritten by the next write. `capacity` is the most the sequence may hold;
 the buffers start small and double on demand up to it, so a server can admit requests whose
 max_tokens is large without reserving that memory up front. Sliding-window layers (Gemma 3) keep every
 position too; the attention mask, not the cache, limits what they see, so truncation never
@@ -10,7 +11,7 @@ has to restore entries that slid out of a window.
 
 Example (k = 3 drafts, 1 accepted):
     cache.length == 10                 # prompt and committed tokens
-    model writes [last, d1, d2, d3]    # positions 10..13, cache.length == 14
+    model writes [last, d1, d2, d3]    # positions 10..13, then cache.advance(4): cache.length == 14
     cache.truncate(12)                 # keep last and d1; d2, d3 forgotten
 """
 
@@ -34,9 +35,14 @@ class KVCache:
         self.keys = torch.zeros(shape, dtype=dtype, device=device)  # [layers, kv_heads, allocated, head_dim]
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.capacity = capacity
-        self.length = 0
+        self._length = 0
 
     INITIAL = 512  # positions allocated at first; doubled on demand up to capacity
+
+    @property
+    def length(self) -> int:
+        """Positions 0..length-1 hold valid keys and values."""
+        return self._length
 
     def reserve(self, end: int) -> None:
         """Make room for positions < end (doubling the buffers, never beyond capacity)."""
@@ -63,23 +69,25 @@ class KVCache:
         """Keys and values of positions begin..end-1: two [kv_heads, end-begin, head_dim] views."""
         return self.keys[layer, :, begin:end], self.values[layer, :, begin:end]
 
+    def advance(self, n: int) -> None:
+        """Count the next n positions (written by `write` or by the kernel into the reserved
+        buffers) as valid: length += n."""
+        end = self._length + n
+        if n < 0 or end > self.keys.shape[2]:
+            raise IndexError(f"cannot advance a cache of length {self._length} by {n} (room for {self.keys.shape[2]})")
+        self._length = end
+
     def truncate(self, length: int) -> None:
         """Forget every position >= length. O(1)."""
-        if not 0 <= length <= self.length:
-            raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
-        self.length = length
+        if not 0 <= length <= self._length:
+            raise ValueError(f"cannot truncate a cache of length {self._length} to {length}")
+        self._length = length
 
     def keep(self, start: int, indices: torch.Tensor) -> None:
-        """Keep a path: move the entries at `start + indices` to start, start+1, ...; drop the rest.
-
-        For token trees: after verifying a tree written at start.., the accepted path's
-        entries are gathered into place with one index operation per buffer.
-        """
-        src = start + indices
-        n = int(indices.numel())
-        self.keys[:, :, start : start + n] = self.keys[:, :, src]
-        self.values[:, :, start : start + n] = self.values[:, :, src]
-        self.length = start + n
+        """Keep a path of a verified token tree: the entries at `start + indices` move to start,
+        start+1, ...; the rest are dropped. Token trees are issue 15; until it lands nothing
+        verifies a tree, so this fails loudly rather than half-working."""
+        raise NotImplementedError("KVCache.keep (keeping a token tree's accepted path) arrives with token trees, issue 15")
 
     def nbytes(self) -> int:
         return self.keys.numel() * self.keys.element_size() * 2

@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from verispec.errors import ModelNotFoundError, UnsupportedModelError
 from verispec.models.config import FULL, SLIDING, ModelConfig, RopeConfig, config_from_hf
-from verispec.tokenizer import Tokenizer
+from verispec.models.tokenizer import Tokenizer
 
 CACHE_VERSION = "3"
 

@@ -367,7 +367,7 @@ class Transformer:
         """The caches' new lengths, the final norm, and logits at the rows that want them."""
         c = self.config
         for s, span in zip(segments, spans):
-            s.cache.length = span.end
+            s.cache.advance(span.end - span.start)
         h = self._norm(x, self.norm)  # [N, hidden]
         rows = [torch.arange(sp.end - sp.start - s.num_logits, sp.end - sp.start) + sp.row for s, sp in zip(segments, spans)]
         wanted = torch.cat(rows)  # [sum num_logits]

@@ -4,9 +4,10 @@ A drafter's lifecycle has four verbs (as llama.cpp's common/speculative.h): `beg
 `propose` a draft, learn how much of it was `accept`ed, `end` the request. A new method is a new
 file that registers a class; the engine never branches on method names.
 
-Designed for what comes next:
-- token trees: `Draft.parents` (None = a chain; a chain is the degenerate tree);
-- drafters that read the target's hidden states: `SequenceView.target_hidden`;
+Designed for what comes next, with hooks that fail loudly until the issue that needs them lands
+(a drafter relying on one must not run as if it worked):
+- token trees (issue 15): `Draft.parents` (None = a chain; a chain is the degenerate tree);
+- drafters that read the target's hidden states (EAGLE-3, issue 14): `SequenceView.target_hidden`;
 - drafters with another tokenizer: they get token ids *and* the target's tokenizer through
   the view, and return target-vocabulary token ids.
 """
@@ -29,7 +30,11 @@ if TYPE_CHECKING:
 class Draft:
     tokens: list[int]  # [n] proposed token ids in the target's vocabulary, n <= k
     probs: torch.Tensor | None = None  # [n, vocab] processed draft distribution; None = deterministic
-    parents: list[int] | None = None  # tree drafts (later): parent node of each token, -1 = root
+    parents: list[int] | None = None  # tree drafts: parent node of each token, -1 = root (issue 15)
+
+    def __post_init__(self) -> None:
+        if self.parents is not None:
+            raise NotImplementedError("tree drafts (Draft.parents) are not verified yet: token trees are issue 15")
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -46,8 +51,13 @@ class SequenceView:
     params: "SamplingParams"
     generator: torch.Generator | None
     capacity: int  # positions a drafter's own cache needs at most
-    target_hidden: torch.Tensor | None = None  # [n, hidden] when the backend provides it
     extra: dict = field(default_factory=dict)
+
+    @property
+    def target_hidden(self) -> torch.Tensor:
+        """The target's hidden states at the request's positions ([n, hidden]), for drafters
+        such as EAGLE-3. Nothing provides them yet."""
+        raise NotImplementedError("SequenceView.target_hidden (the target's hidden states) arrives with EAGLE-3, issue 14")
 
 
 class Proposer(Protocol):

@@ -30,12 +30,7 @@ class DraftModelProposer:
 
     @classmethod
     def create(cls, config, target) -> "DraftModelProposer":
-        from verispec.engine.llm import build_runner
-
-        backend = getattr(target, "backend", "torch")  # the drafter runs where the target runs
-        # batch invariance is the target's concern: any draft verifies losslessly, and a sampled
-        # draft's q is the distribution it was drawn from, so the drafter takes the faster kernels
-        runner = build_runner(config.draft_model, dtype=target.dtype, backend=backend, batch_invariant=False)
+        runner = target.build_drafter(config.draft_model)  # the drafter runs where the target runs
         check_same_vocabulary(target, runner)
         proposer = cls(runner)
         # decoding is bound by reading the weights: a draft token costs about their ratio

@@ -76,8 +76,8 @@ def create_app(engine_config: EngineConfig | None = None, server_config: ServerC
     @app.get("/v1/models", dependencies=[Depends(check_api_key)])
     async def models() -> dict:
         card = {"id": model_name, "object": "model", "created": created, "owned_by": "verispec", "root": engine_config.model}
-        if engine.llm is not None:
-            card["max_model_len"] = engine.llm.runner.max_context
+        if engine.loaded is not None:
+            card["max_model_len"] = engine.loaded.runner.max_context
         return {"object": "list", "data": [card]}
 
     @app.post("/v1/completions", dependencies=[Depends(check_api_key)])
@@ -87,7 +87,7 @@ def create_app(engine_config: EngineConfig | None = None, server_config: ServerC
         prompts = body.prompts()
         if len(prompts) > server_config.max_prompts_per_request:
             raise APIError(400, f"at most {server_config.max_prompts_per_request} prompts per request", param="prompt")
-        tokenizer = engine.llm.tokenizer
+        tokenizer = engine.loaded.tokenizer
         items = []
         for p in prompts:
             if isinstance(p, list) and not p:
@@ -100,12 +100,12 @@ def create_app(engine_config: EngineConfig | None = None, server_config: ServerC
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         check_model(body.model)
         engine.check_ready()
-        ids = engine.llm.tokenizer.encode_chat([m.as_template_message() for m in body.messages])
+        ids = engine.loaded.tokenizer.encode_chat([m.as_template_message() for m in body.messages])
         items = [(ids, _params(body, ids, body.requested_max_tokens, "messages"))]
         return await _respond(request, engine, items, _Shape("chat.completion", model_name, chat=True), body.include_usage, body.stream)
 
     def _params(body: _SamplingFields, ids: list[int], max_tokens: int | None, prompt_param: str) -> SamplingParams:
-        context = engine.llm.runner.max_context
+        context = engine.loaded.runner.max_context
         if len(ids) >= context:
             raise APIError(
                 400, f"the prompt has {len(ids)} tokens; this model's context is {context} tokens",
@@ -205,7 +205,7 @@ async def _until_done(request: Request, stream: RequestStream) -> list[Handle]:
 
 
 async def _sse(stream: RequestStream, engine: AsyncEngine, items, shape: _Shape, include_usage: bool) -> AsyncIterator[str]:
-    deltas = [TextDeltas(engine.llm.tokenizer, params) for _, params in items]
+    deltas = [TextDeltas(engine.loaded.tokenizer, params) for _, params in items]
     first = [shape.chat] * len(items)  # chat streams open each choice with the assistant role
     try:
         async for item in stream.events():

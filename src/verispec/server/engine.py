@@ -37,7 +37,7 @@ class AsyncEngine:
         self.engine_config = engine_config
         self.server_config = server_config
         self.metrics = ServerMetrics(model_name)
-        self.llm = None
+        self.loaded = None  # the assembled engine (engine/assembly.py), once loaded
         self.scheduler: Scheduler | None = None
         self.loop: EngineLoop | None = None
         self.load_error: Exception | None = None
@@ -50,22 +50,20 @@ class AsyncEngine:
         return thread
 
     def _load(self) -> None:
-        from verispec.engine.llm import LLM, engine_options
+        from verispec.engine.assembly import build_engine
 
         try:
             c = self.engine_config
-            llm = LLM(c.model, speculative=c.speculative, **engine_options(c))
+            engine = build_engine(c)
             s = self.server_config
-            scheduler = Scheduler(llm.decoder, s.max_num_seqs, s.max_waiting, on_retire=self.metrics.on_retire)
-            proposer_runner = getattr(llm.decoder.proposer, "runner", None)
-            runners = [r for r in (llm.runner, proposer_runner) if r is not None]
+            scheduler = Scheduler(engine.decoder, s.max_num_seqs, s.max_waiting, on_retire=self.metrics.on_retire)
             self.metrics.bind(
                 lambda: scheduler.num_running,
                 lambda: scheduler.num_waiting,
-                lambda: sum(getattr(r, "cache_bytes", 0) for r in runners),
-                lambda: sum(getattr(r, "open_sequences", 0) for r in runners),
+                lambda: engine.cache_bytes,
+                lambda: engine.open_sequences,
             )
-            self.llm, self.scheduler = llm, scheduler
+            self.loaded, self.scheduler = engine, scheduler
             self.loop = EngineLoop(scheduler)
             self.loop.start()
             self._ready.set()

@@ -1,0 +1,101 @@
+"""The one place an engine is put together from its configuration.
+
+    engine = build_engine(EngineConfig(model="smollm2-135m", speculative=SpeculativeConfig(method="prompt_lookup")))
+    engine.decoder.generate(engine.tokenizer.encode("The capital of France is"), SamplingParams(max_tokens=8))
+
+`build_engine` builds the target runner on the configured backend (engine/backends/), the
+drafter (proposers/), the speculation-length policy on the runner's cost curve (engine/policy.py,
+engine/costs.py) and the decoder (engine/speculative.py). The library (`LLM`), the server, the
+bench, the demo and the scripts all build their engines here; `build_decoder` gives another
+drafter (or none) a decoder on a runner already loaded, as the bench and demo compare methods on
+one set of weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from verispec.config import EngineConfig, SpeculativeConfig
+from verispec.engine.backends import RunnerConfig, build_runner
+from verispec.engine.costs import CostProfile, backend_cost, cached_cost, measured_cost, profile_cost
+from verispec.engine.policy import SpeculationPolicy
+from verispec.engine.runner import ModelRunner
+from verispec.engine.speculative import SpeculativeDecoder
+from verispec.errors import ConfigError
+from verispec.models.tokenizer import Tokenizer
+from verispec.proposers.base import Proposer, create_proposer
+
+
+@dataclass
+class Engine:
+    config: EngineConfig
+    runner: ModelRunner  # the target
+    tokenizer: Tokenizer
+    proposer: Proposer | None  # None: plain decoding
+    policy: SpeculationPolicy
+    decoder: SpeculativeDecoder
+
+    @property
+    def runners(self) -> list[ModelRunner]:
+        """The target's runner and the drafter's, if it has one (for cache statistics)."""
+        drafter = getattr(self.proposer, "runner", None)
+        return [self.runner] + ([drafter] if drafter is not None else [])
+
+    @property
+    def cache_bytes(self) -> int:
+        """Memory held by the open sequences' KV caches, target and drafter."""
+        return sum(getattr(r, "cache_bytes", 0) for r in self.runners)
+
+    @property
+    def open_sequences(self) -> int:
+        return sum(getattr(r, "open_sequences", 0) for r in self.runners)
+
+
+def runner_config(config: EngineConfig) -> RunnerConfig:
+    return RunnerConfig(config.model, dtype=config.dtype, max_context=config.max_model_len,
+                        weights_format=config.weights_format, batch_invariant=config.batch_invariant)
+
+
+def build_engine(config: EngineConfig, runner: ModelRunner | None = None) -> Engine:
+    """The engine `config` describes; on `runner` when given (its model and backend options are
+    then the runner's, not config's)."""
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    if runner is None:
+        runner = build_runner(config.backend, runner_config(config))
+    decoder = build_decoder(runner, config.speculative)
+    return Engine(config, runner, runner.tokenizer, decoder.proposer, decoder.policy, decoder)
+
+
+def build_decoder(runner: ModelRunner, spec: SpeculativeConfig | None) -> SpeculativeDecoder:
+    """A decoder on `runner` with the drafter and policy `spec` asks for; `spec` None: plain
+    decoding with no policy to build (no cost curve timed or read)."""
+    if spec is None:
+        return SpeculativeDecoder(runner)
+    proposer = create_proposer(spec, runner) if spec.method else None
+    policy = build_policy(spec, getattr(proposer, "relative_cost", 0.0), runner)
+    return SpeculativeDecoder(runner, proposer, spec.num_speculative_tokens, policy)
+
+
+def build_policy(spec: SpeculativeConfig, draft_cost: float = 0.0, runner: ModelRunner | None = None) -> SpeculationPolicy:
+    """The speculation-length policy the configuration asks for, on `runner`'s cost curve:
+    "measured" (timed once per machine and model, then read from the cache), "auto" (timed now),
+    "builtin" (the backend's built-in curve), or a profile file."""
+    k = spec.num_speculative_tokens if spec.method else 0
+    cost = backend_cost(runner)
+    timed = spec.method and spec.adaptive_k and runner is not None
+    if spec.cost_profile in ("auto", "measured"):
+        if runner is None and spec.cost_profile == "auto":
+            raise ConfigError('cost_profile "auto" needs the loaded model to time')
+        if timed:
+            cost = measured_cost(runner, k + 1) if spec.cost_profile == "auto" else cached_cost(runner, k + 1)
+    elif spec.cost_profile and spec.cost_profile != "builtin":
+        try:
+            cost = profile_cost(CostProfile.load(Path(spec.cost_profile)))
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            raise ConfigError(f"cannot read the cost profile {spec.cost_profile}: {e}") from e
+    return SpeculationPolicy(k, adaptive=spec.adaptive_k, disable_by_batch_size=spec.disable_by_batch_size, cost=cost,
+                             draft_cost=draft_cost, chunks=getattr(runner, "verify_chunks", None))

@@ -39,8 +39,9 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--quick", action="store_true", help=f"a few questions, short answers ({QUICK}): minutes, not hours")
     b.add_argument("--adaptive-k", action="store_true",
                    help="our speculative methods choose k (0..--k) per step from acceptance and cost (engine/policy.py)")
-    b.add_argument("--cost-profile", default=None,
-                   help="for --adaptive-k: 'auto' (each backend timed at start-up), a cost_profile-*.json, or the "
+    b.add_argument("--cost-profile", default="measured",
+                   help="for --adaptive-k: 'measured' (default: timed once per machine and cached), 'auto' (each "
+                        "backend timed at start-up), 'builtin', a cost_profile-*.json, or the "
                         "--profile output folder (each backend reads its own; <folder>/<model>/ first with several models)")
     b.add_argument("--profile", action="store_true",
                    help="measure memory bandwidth and the forward cost for k = 1..32 new tokens instead, per --backends")

@@ -42,7 +42,7 @@ class BenchConfig:
     out: str = "results/bench"
     seed: int = 0
     adaptive_k: bool = False  # our speculative methods choose k per step (engine/policy.py) instead of k
-    cost_profile: str | None = None  # the forward-cost curve adaptive k reads
+    cost_profile: str | None = "measured"  # the forward-cost curve adaptive k reads (SpeculativeConfig.cost_profile)
     peer_timeout: float = 600.0  # seconds a peer may take to load or to answer one run, else it failed
 
 
@@ -118,7 +118,7 @@ def family_llm(cfg: BenchConfig, llm, family: str, llms: dict):
 def family_profile(cost_profile: str | None, family: str, model: str = "") -> str | None:
     """A profile file as given ('auto' too), or from a --profile output folder the one of this backend
     and format (in its <model>/ subfolder when there is one)."""
-    if cost_profile in (None, "auto") or not Path(cost_profile).is_dir():
+    if cost_profile in (None, "auto", "measured", "builtin") or not Path(cost_profile).is_dir():
         return cost_profile
     folder = Path(cost_profile) / Path(model).name
     folder = folder if model and folder.is_dir() else Path(cost_profile)

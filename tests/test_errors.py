@@ -115,6 +115,14 @@ def test_draft_vocabulary_mismatch(tiny_dir):
         LLM(str(tiny_dir("llama")), speculative={"method": "draft_model", "draft_model": str(tiny_dir("llama", vocab=80))})
 
 
+def test_runners_report_a_vocabulary_fingerprint(tiny_dir):
+    a, b = LLM(str(tiny_dir("llama"))).runner, LLM(str(tiny_dir("qwen2"))).runner
+    other = LLM(str(tiny_dir("llama", vocab=80))).runner
+    assert a.vocab_fingerprint() == LLM(str(tiny_dir("llama", seed=1))).runner.vocab_fingerprint()  # other weights, same tokens
+    assert a.vocab_fingerprint() != other.vocab_fingerprint()
+    assert a.vocab_fingerprint().startswith(f"{a.vocab_size}:") and b.vocab_fingerprint()
+
+
 def test_bad_speculative_config(tiny_dir):
     target = str(tiny_dir("llama"))
     with pytest.raises(InvalidSpeculativeConfigError, match="unknown speculative method 'eagle9'.*prompt_lookup"):

@@ -294,6 +294,11 @@ class LlamaCppRunner:
         """What this runner's forward cost depends on, beside the machine (engine/costs.py)."""
         return f"llamacpp|{file_key(self.path)}|{self.weights_format}|{BUFFERS}|{self.threads} threads|rows={self.invariant_rows}"
 
+    def vocab_fingerprint(self) -> str:
+        from verispec.engine.runner import vocab_fingerprint
+
+        return vocab_fingerprint(self)
+
     def builtin_cost(self):
         """llama.cpp's built-in curve, split into decodes of at most `invariant_rows` rows."""
         from verispec.engine.costs import llamacpp_cost

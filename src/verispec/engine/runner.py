@@ -70,6 +70,14 @@ class ModelRunner(Protocol):
     def build_drafter(self, model: str) -> "ModelRunner":
         """A runner for a draft model `model` beside this one: same backend and dtype."""
 
+    def vocab_fingerprint(self) -> str:
+        """Vocabulary size and the tokenizer's fingerprint: a drafter must match its target's."""
+
+
+def vocab_fingerprint(runner) -> str:
+    """The `vocab_fingerprint` every runner reports: its logits' width and its tokenizer's vocabulary."""
+    return f"{runner.vocab_size}:{runner.tokenizer.vocab_fingerprint()}"
+
 
 class TorchRunner:
     """ModelRunner over our PyTorch Transformer; one preallocated KVCache per sequence."""
@@ -117,6 +125,9 @@ class TorchRunner:
         """What this runner's forward cost depends on, beside the machine (engine/costs.py)."""
         kernel = self.model._kernel.variant() if self.model.uses_kernel else "mkl"
         return f"torch|{self.source}|{self.dtype}|invariant={self.batch_invariant}|kernel={kernel}|width={self.model.invariant_width}"
+
+    def vocab_fingerprint(self) -> str:
+        return vocab_fingerprint(self)
 
     def builtin_cost(self) -> CostCurve:
         return torch_cost(self.batch_invariant, self.model.uses_kernel, self.model.invariant_width)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -48,6 +49,15 @@ class Tokenizer:
         self.use_post_processor = use_post_processor  # HF folders: tokenizer.json adds BOS itself
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
         self._warned_fallback = False
+        self._fingerprint: str | None = None
+
+    def vocab_fingerprint(self) -> str:
+        """SHA-256 of the vocabulary (every token with its id, in id order): two tokenizers with
+        the same fingerprint map every token to the same id."""
+        if self._fingerprint is None:
+            pairs = sorted(self.tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
+            self._fingerprint = hashlib.sha256(json.dumps(pairs, ensure_ascii=False).encode()).hexdigest()
+        return self._fingerprint
 
     # -- construction -------------------------------------------------------------------------
     @classmethod

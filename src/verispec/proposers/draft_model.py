@@ -78,9 +78,10 @@ class DraftModelProposer:
 
 
 def check_same_vocabulary(target, draft) -> None:
-    """A draft model must speak the target's vocabulary token for token."""
-    t_vocab, d_vocab = target.tokenizer.tok.get_vocab(), draft.tokenizer.tok.get_vocab()
-    if target.vocab_size != draft.vocab_size or t_vocab != d_vocab:
+    """A draft model must speak the target's vocabulary token for token (the runners'
+    vocab_fingerprint); where it does not, say how far apart the two are."""
+    if target.vocab_fingerprint() != draft.vocab_fingerprint():
+        t_vocab, d_vocab = target.tokenizer.tok.get_vocab(), draft.tokenizer.tok.get_vocab()
         differing = sum(1 for tok, i in t_vocab.items() if d_vocab.get(tok) != i)
         raise IncompatibleDraftError(
             f"the draft model's vocabulary differs from the target's (sizes {draft.vocab_size} vs "

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import platform
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +43,7 @@ import torch
 from verispec.engine.runner import BatchItem
 from verispec.errors import ConfigError, ContextLengthError, UnsupportedModelError
 from verispec.models.loaders import cache_root, file_key, file_sha256, load_gguf_meta, memoised
+from verispec.models.rowwise import cpu_name
 from verispec.models.transformer import ForwardOutput
 
 log = logging.getLogger("verispec")
@@ -279,16 +279,8 @@ class LlamaCppRunner:
         return best
 
     def _probe_key(self) -> str:
-        cpu = platform.processor() or platform.machine()
-        try:
-            for line in Path("/proc/cpuinfo").read_text().splitlines():
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-        except OSError:
-            pass
         version = getattr(self._L, "__version__", "?")
-        return f"{file_key(self.path)}|llama-cpp-python {version}|{BUFFERS}|{self.threads} threads|{cpu}"
+        return f"{file_key(self.path)}|llama-cpp-python {version}|{BUFFERS}|{self.threads} threads|{cpu_name()}"
 
     def cost_identity(self) -> str:
         """What this runner's forward cost depends on, beside the machine (engine/costs.py)."""

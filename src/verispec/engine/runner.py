@@ -123,7 +123,7 @@ class TorchRunner:
 
     def cost_identity(self) -> str:
         """What this runner's forward cost depends on, beside the machine (engine/costs.py)."""
-        kernel = self.model._kernel.variant() if self.model.uses_kernel else "mkl"
+        kernel = self.model.kernel_variant or "mkl"
         return f"torch|{self.source}|{self.dtype}|invariant={self.batch_invariant}|kernel={kernel}|width={self.model.invariant_width}"
 
     def vocab_fingerprint(self) -> str:

@@ -188,16 +188,19 @@ def _build(variant: str):
     root.mkdir(parents=True, exist_ok=True)
     with _locked(root / f"{variant}-{key}.lock"):
         library = build / f"{name}.so"
-        if not library.exists():
+        if library.exists():
+            module = _import(name, library)
+        else:
             log.warning("compiling verispec's row-wise kernels for %s (once, ~20-40 s; cached in %s)", variant, build)
             if build.exists():  # a build that was interrupted: start it afresh
                 shutil.rmtree(build)
             build.mkdir(parents=True)
             from torch.utils.cpp_extension import load
 
-            load(name=name, sources=[str(p) for p in SOURCES], extra_cflags=COMMON_FLAGS + VARIANT_FLAGS[variant],
-                 extra_include_paths=[str(KERNELS)], extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
-        module = _import(name, library)
+            # load() builds the library and imports it: that module is the one used
+            module = load(name=name, sources=[str(p) for p in SOURCES], extra_cflags=COMMON_FLAGS + VARIANT_FLAGS[variant],
+                          extra_include_paths=[str(KERNELS)], extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
+            sys.modules[name] = module
     if module.variant() != variant:
         raise RuntimeError(f"{library} reports variant {module.variant()}, expected {variant}")
     return module

@@ -262,6 +262,7 @@ class Transformer:
         # the row-wise kernel computes decoding rows where it can (float32 on the CPU: `_project`)
         self._kernel = rowwise.kernel() if self.dtype == torch.float32 and self.lm_head.device.type == "cpu" else None
         self.uses_kernel = self._kernel is not None
+        self.kernel_variant = self._kernel.variant() if self.uses_kernel else None  # avx512, avx2, neon, scalar
         widest = KERNEL_WIDTH if self.uses_kernel else 3
         self.invariant_width = widest
         if batch_invariant:

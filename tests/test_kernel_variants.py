@@ -45,8 +45,9 @@ def test_scalar_runs_everywhere_and_the_best_is_chosen(monkeypatch):
 
 def test_cpu_features_pick_the_variants(monkeypatch):
     monkeypatch.setattr(rowwise.platform, "machine", lambda: "x86_64")
-    for flags, expected in [({"avx512f", "avx2", "fma"}, ("avx512", "avx2", "scalar")),
-                            ({"avx2", "fma", "sse4_2"}, ("avx2", "scalar")),
+    for flags, expected in [({"avx512f", "avx2", "fma", "f16c"}, ("avx512", "avx2", "scalar")),
+                            ({"avx2", "fma", "f16c", "sse4_2"}, ("avx2", "scalar")),
+                            ({"avx2", "fma"}, ("scalar",)),  # no F16C: the GGUF blocks' scales need it
                             ({"avx2"}, ("scalar",)), ({"sse2"}, ("scalar",))]:
         monkeypatch.setattr(rowwise, "cpu_flags", lambda f=flags: f)
         rowwise.supported_variants.cache_clear()

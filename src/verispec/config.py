@@ -130,7 +130,12 @@ class EngineConfig:
 
     model: str = opt("smollm2-135m", "model: a bundled name (smollm2-135m, gemma3-270m), a .gguf file or an HF folder")
     backend: str = opt("torch", "model backend: torch (ours, any model) or llamacpp (GGUF on llama.cpp's kernels)")
-    weights_format: str | None = opt(None, "llamacpp backend: convert the GGUF's weights to Q8_0, F16 or F32 once (cached)")
+    weights_format: str | None = opt(
+        None,
+        "torch backend: gguf (a GGUF file's blocks kept as they are, multiplied by the row-wise kernels; the "
+        "default where the kernels run) or float32 (dequantised once at load, cached); llamacpp backend: "
+        "convert the GGUF's weights to Q8_0, F16 or F32 once (cached)",
+    )
     dtype: str = opt("float32", "weight and activation precision: float32 or bfloat16")
     max_model_len: int | None = opt(None, "cap on prompt + generated tokens (default: the model's context)")
     num_threads: int | None = opt(None, "torch CPU threads (default: torch's choice)")

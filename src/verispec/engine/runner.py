@@ -19,6 +19,7 @@ import torch
 from verispec.engine.costs import CostCurve, torch_cost
 from verispec.models.config import ModelConfig
 from verispec.models.kv_cache import KVCache
+from verispec.models.quant import weight_bytes
 from verispec.models.transformer import ForwardOutput, Segment, Transformer, invariant_chunks
 from verispec.models.tokenizer import Tokenizer
 
@@ -86,8 +87,9 @@ class TorchRunner:
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], tokenizer: Tokenizer,
                  dtype: torch.dtype = torch.float32, max_context: int | None = None, batch_invariant: bool = True,
-                 source: str = "") -> None:
+                 source: str = "", weights_format: str = "float32") -> None:
         self.source = source  # the weights' identity (file_key of the model path), for on-disk memos
+        self.weights_format = weights_format  # gguf (the file's blocks) or float32
         if dtype != torch.float32:
             weights = {k: v.to(dtype) for k, v in weights.items()}
         self.dtype = dtype
@@ -99,7 +101,7 @@ class TorchRunner:
         self.eos_token_ids = tuple(dict.fromkeys([*config.eos_token_ids, *tokenizer.eos_token_ids]))
         self._caches: dict[int, KVCache] = {}
         self._ids = itertools.count()
-        self.weight_bytes = sum(w.numel() * w.element_size() for w in weights.values())
+        self.weight_bytes = sum(weight_bytes(w) for w in weights.values())
 
     def open(self, capacity: int) -> int:
         seq = next(self._ids)
@@ -124,7 +126,8 @@ class TorchRunner:
     def cost_identity(self) -> str:
         """What this runner's forward cost depends on, beside the machine (engine/costs.py)."""
         kernel = self.model.kernel_variant or "mkl"
-        return f"torch|{self.source}|{self.dtype}|invariant={self.batch_invariant}|kernel={kernel}|width={self.model.invariant_width}"
+        return (f"torch|{self.source}|{self.dtype}|{self.weights_format}|invariant={self.batch_invariant}|kernel={kernel}"
+                f"|width={self.model.invariant_width}")
 
     def vocab_fingerprint(self) -> str:
         return vocab_fingerprint(self)

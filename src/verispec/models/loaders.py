@@ -1,7 +1,12 @@
 """Loaders: a Hugging Face folder or a GGUF file -> (ModelConfig, weights in our names, tokenizer).
 
-GGUF files are dequantised to float32 once and the result (weights, config, tokenizer) is
-cached on disk keyed by the file's SHA-256, so a second load is a memory map of safetensors.
+A GGUF file loads in one of two ways:
+- `load_gguf_blocks`: its blocks stay as they are in the file, memory-mapped (models/quant.py's
+  QuantTensor; the row-wise kernels multiply by them). Nothing is converted: the first load costs
+  reading the tokenizer and hashing the file, later ones reuse the cached config and tokenizer.
+- `load_gguf`: dequantised to float32 once, the result (weights, config, tokenizer) cached on disk
+  keyed by the file's SHA-256, so a second load is a memory map of safetensors (the path without
+  the kernels: another dtype, VERISPEC_KERNELS=0).
 """
 
 from __future__ import annotations
@@ -165,6 +170,115 @@ def load_gguf(path: Path) -> LoadedModel:
     config = ModelConfig.from_json((folder / "config.json").read_text())
     weights = load_file(str(folder / "weights.safetensors"))
     return LoadedModel(config, weights, Tokenizer.load(folder), str(path))
+
+
+def load_gguf_blocks(path: Path) -> LoadedModel:
+    """The GGUF's matrices as QuantTensors over a memory map of the file (nothing dequantised);
+    norms and biases as float32 tensors. Config, tokenizer and the table of tensors (name, type,
+    shape, offset) are cached beside the converted models, keyed by the file's SHA-256: a later
+    load maps the file without parsing its metadata again (gguf-py's reader takes ~12 s over
+    Gemma 3's 262,144-token vocabulary)."""
+    from verispec.models.quant import QuantTensor
+
+    digest = file_sha256(path)
+    meta = cache_root() / f"gguf-{digest[:24]}-meta-v{CACHE_VERSION}"
+    if (meta / "done").exists():
+        config, tokenizer = ModelConfig.from_json((meta / "config.json").read_text()), Tokenizer.load(meta)
+        table = json.loads((meta / "tensors.json").read_text())
+        arch = table.pop("__arch__")
+    else:
+        reader = _gguf_reader(path)
+        tokenizer = Tokenizer.from_gguf(reader)
+        config = gguf_config(reader, tokenizer)
+        freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+        if freqs is not None:
+            config = _with_rope_freqs(config, gguf_dequantize(freqs))
+        arch = _field(reader, "general.architecture")
+        table = {t.name: (int(t.tensor_type), [int(x) for x in t.shape], int(t.data_offset), int(t.n_bytes)) for t in reader.tensors}
+        _save_meta(meta, config, tokenizer, path, {**table, "__arch__": arch})
+        del reader
+    mapped = np.memmap(path, dtype=np.uint8, mode="c")  # copy-on-write: writable views, the file untouched
+    tensors = dict(table)
+
+    def rows_of(name: str) -> tuple[np.ndarray, int, int]:
+        """A tensor's rows as stored (uint8 blocks, or float32 for F32), its type and row width."""
+        type_, shape, offset, nbytes = tensors.pop(name)
+        n_rows = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+        raw = mapped[offset : offset + nbytes].reshape(n_rows, -1)
+        return (raw.view(np.float32) if type_ == 0 else raw), type_, int(shape[0])
+
+    def matrix(*names: str, heads: tuple[int | None, ...] = ()) -> QuantTensor:
+        from verispec.models.quant import FORMATS
+
+        parts, types, width = [], [], 0
+        for i, name in enumerate(names):
+            data, type_, width = rows_of(name)
+            if type_ not in FORMATS:
+                raise UnsupportedModelError(
+                    f"GGUF tensor {name} has type {type_}, which the row-wise kernels do not unpack (they do "
+                    f"{', '.join(n for n, _, _ in FORMATS.values())}); load it as float32 (weights_format='float32')")
+            n_head = heads[i] if i < len(heads) else None
+            if n_head:  # llama.cpp's q/k row order -> ours: a permutation of whole rows of blocks
+                data = np.ascontiguousarray(_reverse_permute(data, n_head))
+            parts.append(torch.from_numpy(data))
+            types.append(type_)
+        return QuantTensor(parts, types, width)
+
+    def vector(name: str) -> torch.Tensor:
+        import gguf
+
+        data, type_, _ = rows_of(name)
+        values = data if type_ == 0 else gguf.quants.dequantize(data, gguf.GGMLQuantizationType(type_))
+        return torch.from_numpy(np.array(values, dtype=np.float32).reshape(-1))
+
+    w: dict = {"embed.weight": matrix("token_embd.weight"), "norm.weight": vector("output_norm.weight")}
+    if "output.weight" in tensors:
+        w["lm_head.weight"] = matrix("output.weight")
+    qk_heads = (config.num_heads, config.num_kv_heads) if arch in ("llama", "mistral") else ()
+    for i in range(config.num_layers):
+        b = f"blk.{i}."
+        w[f"layers.{i}.qkv.weight"] = matrix(*(b + f"attn_{x}.weight" for x in "qkv"), heads=qk_heads)
+        if b + "attn_q.bias" in tensors:
+            w[f"layers.{i}.qkv.bias"] = torch.cat([vector(b + f"attn_{x}.bias") for x in "qkv"])
+        w[f"layers.{i}.gate_up.weight"] = matrix(b + "ffn_gate.weight", b + "ffn_up.weight")
+        for src, dst in _GGUF_NAMES.items():
+            if b + src in tensors:
+                w[f"layers.{i}.{dst}"] = matrix(b + src) if dst in ("o.weight", "down.weight") else vector(b + src)
+    tensors.pop("rope_freqs.weight", None)  # in the config (_with_rope_freqs)
+    if tensors:
+        raise UnsupportedModelError(f"GGUF tensors not understood: {list(tensors)[:5]}")
+    return LoadedModel(config, w, tokenizer, str(path))
+
+
+def _with_rope_freqs(config: ModelConfig, freqs: np.ndarray) -> ModelConfig:
+    """Llama 3.1+: llama3 RoPE scaling as per-frequency divisors (the tensor rope_freqs)."""
+    factors = tuple(float(x) for x in np.asarray(freqs).reshape(-1))
+    if len(factors) != config.head_dim // 2:
+        raise UnsupportedModelError(f"rope_freqs has {len(factors)} factors for head_dim {config.head_dim}")
+    return dataclasses.replace(config, rope=dataclasses.replace(config.rope, freq_factors=factors))
+
+
+def gguf_dequantize(t) -> np.ndarray:
+    import gguf
+
+    try:
+        return gguf.quants.dequantize(t.data, t.tensor_type)
+    except NotImplementedError as e:
+        raise UnsupportedModelError(f"GGUF tensor type {t.tensor_type.name} of {t.name} is not supported") from e
+
+
+def _save_meta(folder: Path, config: ModelConfig, tokenizer: Tokenizer, path: Path, table: dict) -> None:
+    tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        (tmp / "config.json").write_text(config.to_json())
+        (tmp / "tensors.json").write_text(json.dumps(table))
+        tokenizer.save(tmp)
+        (tmp / "done").write_text(str(path))
+        tmp.rename(folder)
+    except OSError:  # another process finished first, or the cache is not writable
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _convert_to_cache(path: Path, folder: Path) -> None:
@@ -331,11 +445,8 @@ def convert_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], Toke
         for src, dst in _GGUF_NAMES.items():
             if b + src in raw:
                 w[f"layers.{i}.{dst}"] = torch.from_numpy(raw.pop(b + src))
-    if "rope_freqs.weight" in raw:  # Llama 3.1+: llama3 RoPE scaling as per-frequency divisors
-        factors = tuple(float(x) for x in raw.pop("rope_freqs.weight").reshape(-1))
-        if len(factors) != config.head_dim // 2:
-            raise UnsupportedModelError(f"rope_freqs has {len(factors)} factors for head_dim {config.head_dim}")
-        config = dataclasses.replace(config, rope=dataclasses.replace(config.rope, freq_factors=factors))
+    if "rope_freqs.weight" in raw:
+        config = _with_rope_freqs(config, raw.pop("rope_freqs.weight"))
     leftovers = list(raw)
     if leftovers:
         raise UnsupportedModelError(f"GGUF tensors not understood: {leftovers[:5]}")

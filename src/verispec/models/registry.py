@@ -6,7 +6,7 @@ import importlib.util
 from pathlib import Path
 
 from verispec.errors import ModelNotFoundError
-from verispec.models.loaders import LoadedModel, cache_root, load_gguf, load_hf_folder
+from verispec.models.loaders import LoadedModel, cache_root, load_gguf, load_gguf_blocks, load_hf_folder
 
 
 def _smollm2() -> Path:
@@ -48,10 +48,12 @@ def resolve(name: str) -> Path:
     )
 
 
-def load_model(name: str) -> LoadedModel:
+def load_model(name: str, blocks: bool = False) -> LoadedModel:
+    """The model's config, weights and tokenizer. blocks: a GGUF file's matrices stay its blocks
+    (QuantTensor, memory-mapped); otherwise float32 (a GGUF dequantised once, cached)."""
     path = resolve(name)
     if path.is_dir():
         return load_hf_folder(path)
     if path.suffix.lower() != ".gguf":
         raise ModelNotFoundError(f"{path} is neither a .gguf file nor a Hugging Face folder")
-    return load_gguf(path)
+    return load_gguf_blocks(path) if blocks else load_gguf(path)

@@ -42,14 +42,14 @@ from verispec.models.loaders import cache_root
 log = logging.getLogger("verispec")
 
 KERNELS = Path(__file__).with_name("kernels")
-SOURCES = [KERNELS / "rowwise.cpp", KERNELS / "layer.cpp"]
-HEADERS = [KERNELS / "rowwise.h", KERNELS / "ops.h", KERNELS / "vec.h"]
+SOURCES = [KERNELS / "rowwise.cpp", KERNELS / "quant.cpp", KERNELS / "layer.cpp"]
+HEADERS = [KERNELS / "rowwise.h", KERNELS / "ops.h", KERNELS / "vec.h", KERNELS / "quant.h"]
 # no -march=native: a variant's library runs on any CPU with its instruction set, and no
 # -ffast-math; -ffp-contract=off: no fused multiply-add but the written ones
 COMMON_FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-fno-fast-math"]
 VARIANT_FLAGS = {
-    "avx512": ["-DVERISPEC_AVX512", "-mavx512f", "-mavx2", "-mfma"],
-    "avx2": ["-DVERISPEC_AVX2", "-mavx2", "-mfma"],
+    "avx512": ["-DVERISPEC_AVX512", "-mavx512f", "-mavx2", "-mfma", "-mf16c"],
+    "avx2": ["-DVERISPEC_AVX2", "-mavx2", "-mfma", "-mf16c"],
     "neon": ["-DVERISPEC_NEON"],
     "scalar": ["-DVERISPEC_SCALAR"],
 }
@@ -93,10 +93,10 @@ def supported_variants() -> tuple[str, ...]:
         flags = cpu_flags()
         if not flags:  # no /proc/cpuinfo: torch's own detection
             cap = torch.backends.cpu.get_cpu_capability()
-            flags = {"avx512f", "avx2", "fma"} if cap.startswith("AVX512") else {"avx2", "fma"} if cap == "AVX2" else set()
-        if "avx512f" in flags:
+            flags = {"avx512f", "avx2", "fma", "f16c"} if cap.startswith("AVX512") else {"avx2", "fma", "f16c"} if cap == "AVX2" else set()
+        if {"avx512f", "avx2", "fma", "f16c"} <= flags:
             out.append("avx512")
-        if {"avx2", "fma"} <= flags:
+        if {"avx2", "fma", "f16c"} <= flags:
             out.append("avx2")
     elif machine in ("aarch64", "arm64"):
         out.append("neon")

@@ -61,6 +61,7 @@ import torch.nn.functional as F
 from verispec.models import rowwise
 from verispec.models.config import SLIDING, ModelConfig, RopeConfig
 from verispec.models.kv_cache import KVCache
+from verispec.models.quant import QuantTensor
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
@@ -133,7 +134,15 @@ def _project(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None)
     arithmetic whatever its neighbours. Without it, (w @ x^T)^T through MKL: MKL parallelises a
     product with two or more columns but runs a single column on one thread, so one row is
     duplicated and the copy's result dropped (~10% faster than x @ w^T here).
-    From 48 rows on (prompt processing) F.linear is the faster."""
+    From 48 rows on (prompt processing) F.linear is the faster.
+    A QuantTensor (GGUF blocks): the kernel's product over its blocks, each value what the float32
+    product over the dequantised matrix gives; for a prompt, the matrix dequantised for this one
+    product (a buffer freed after it) and F.linear."""
+    if isinstance(w, QuantTensor):
+        if x.shape[0] >= 48:
+            return F.linear(x, w.dequantize(), bias)
+        y = rowwise.kernel().weight_mm(x.float().contiguous(), w.arg)
+        return (y + bias) if bias is not None else y
     if x.shape[0] >= 48:  # prompt processing: MKL's usual GEMM is faster here (~25% at 64+ rows)
         return F.linear(x, w, bias)
     if x.dtype == torch.float32 and w.dtype == torch.float32 and w.device.type == "cpu" and w.is_contiguous() and (k := rowwise.kernel()) is not None:
@@ -189,6 +198,11 @@ def _project_groups(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
     return torch.cat([_project(part, w, bias) for part in x.split(groups)])
 
 
+def _kernel_weight(w) -> tuple[list[torch.Tensor], list[int]]:
+    """A matrix as the kernel's Weight: a QuantTensor's parts, or one float32 part (type 0)."""
+    return w.arg if isinstance(w, QuantTensor) else ([w], [0])
+
+
 @dataclass
 class ForwardOutput:
     logits: torch.Tensor  # [n_logits, vocab] float32
@@ -222,6 +236,10 @@ class Transformer:
         self.batch_invariant = batch_invariant
         c = config
         w = weights
+        if any(isinstance(t, QuantTensor) for t in w.values()) and rowwise.kernel() is None:
+            # GGUF blocks need the row-wise kernels; without them (VERISPEC_KERNELS=0), float32
+            w = {k: t.dequantize() if isinstance(t, QuantTensor) else t for k, t in w.items()}
+        self.quantised = sorted({f for t in w.values() if isinstance(t, QuantTensor) for f in t.formats})  # e.g. ['Q4_1', 'Q8_0']
         self.embed = w["embed.weight"]  # [vocab, hidden]
         self.lm_head = w["embed.weight"] if c.tie_embeddings else w["lm_head.weight"]  # [vocab, hidden]
         self.norm = w["norm.weight"]
@@ -262,6 +280,8 @@ class Transformer:
         # the row-wise kernel computes decoding rows where it can (float32 on the CPU: `_project`)
         self._kernel = rowwise.kernel() if self.dtype == torch.float32 and self.lm_head.device.type == "cpu" else None
         self.uses_kernel = self._kernel is not None
+        # each layer's four matrices as the kernel takes them (kernels/rowwise.h's Weight)
+        self._kernel_weights = [tuple(_kernel_weight(m) for m in (L.qkv, L.o, L.gate_up, L.down)) for L in self.layers]
         self.kernel_variant = self._kernel.variant() if self.uses_kernel else None  # avx512, avx2, neon, scalar
         widest = KERNEL_WIDTH if self.uses_kernel else 3
         self.invariant_width = widest
@@ -271,6 +291,12 @@ class Transformer:
             if self.invariant_width < widest:
                 print(f"[verispec] batch invariance: products keep rows apart only up to "
                       f"{self.invariant_width} row(s) here; verification runs in products that narrow", file=sys.stderr)
+
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Embedding rows [T, hidden]: looked up in the blocks for a QuantTensor."""
+        if isinstance(self.embed, QuantTensor):
+            return self.embed.take(tokens)
+        return F.embedding(tokens, self.embed)
 
     def new_cache(self, capacity: int) -> KVCache:
         c = self.config
@@ -323,7 +349,7 @@ class Transformer:
             row += T
         groups = self._row_groups(segments, self.invariant_width) if self.batch_invariant else None
         tokens = segments[0].tokens if len(segments) == 1 else torch.cat([s.tokens for s in segments])
-        x = F.embedding(tokens, self.embed)  # [N, hidden], N = sum of T
+        x = self._embed(tokens)  # [N, hidden], N = sum of T
         if c.embed_scale != 1.0:
             x = x * self.embed_scale
         ropes = {False: self._rope(self.rope, spans)}
@@ -347,7 +373,7 @@ class Transformer:
             starts.append(start)
             row += T
         tokens = segments[0].tokens if len(segments) == 1 else torch.cat([s.tokens for s in segments])
-        x = F.embedding(tokens, self.embed)  # [N, hidden]
+        x = self._embed(tokens)  # [N, hidden]
         if c.embed_scale != 1.0:
             x = x * self.embed_scale
         ropes = {False: self._rope(self.rope, spans)}
@@ -357,8 +383,9 @@ class Transformer:
         for i, L in enumerate(self.layers):
             cos, sin = ropes.get(L.sliding, ropes[False])  # [N, head_dim] each
             window = c.sliding_window if (L.sliding and c.sliding_window) else 0
+            qkv, o, gate_up, down = self._kernel_weights[i]
             x = self._kernel.decode_layer(
-                x, L.attn_norm, L.qkv, L.qkv_bias, L.qk_norm, L.o, L.post_attn_norm, L.mlp_norm, L.gate_up, L.down,
+                x, L.attn_norm, qkv, L.qkv_bias, L.qk_norm, o, L.post_attn_norm, L.mlp_norm, gate_up, down,
                 L.post_mlp_norm, cos, sin, [s.cache.keys[i] for s in segments], [s.cache.values[i] for s in segments],
                 rows, starts, c.num_heads, c.num_kv_heads, window, c.scale, c.rms_eps, gelu,
             )  # [N, hidden]

@@ -11,14 +11,26 @@ from verispec.errors import ConfigError
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-@register_backend("torch")
+WEIGHTS_FORMATS = ("gguf", "float32")
+
+
+@register_backend("torch", weights_formats=WEIGHTS_FORMATS)
 def build(config: RunnerConfig) -> TorchRunner:
+    from verispec.models import rowwise
     from verispec.models.loaders import file_key
     from verispec.models.registry import load_model, resolve
 
     dtype = DTYPES.get(config.dtype)
     if dtype is None:
         raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {config.dtype!r}")
-    loaded = load_model(config.model)
+    path = resolve(config.model)
+    gguf = path.is_file() and path.suffix.lower() == ".gguf"
+    fmt = config.weights_format
+    if fmt == "gguf" and (not gguf or dtype != torch.float32 or rowwise.kernel() is None):
+        raise ConfigError("weights_format 'gguf' needs a .gguf model, dtype float32 and the row-wise kernels "
+                          f"(model {path.name}, dtype {config.dtype}, kernels {'on' if rowwise.kernel() else 'off'})")
+    if fmt is None:  # the file's blocks wherever the kernels can multiply by them
+        fmt = "gguf" if gguf and dtype == torch.float32 and rowwise.kernel() is not None else "float32"
+    loaded = load_model(config.model, blocks=fmt == "gguf")
     return TorchRunner(loaded.config, loaded.weights, loaded.tokenizer, dtype=dtype, max_context=config.max_context,
-                       batch_invariant=config.batch_invariant, source=file_key(resolve(config.model)))
+                       batch_invariant=config.batch_invariant, source=file_key(path), weights_format=fmt)

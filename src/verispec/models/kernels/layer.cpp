@@ -9,6 +9,7 @@
 // Rows: the segments of several sequences, segment s at rows [rows[s], rows[s + 1]) of x, its new
 // positions from starts[s], its cache layer keys[s], values[s] ([KVH, A, D]). Every step is row by
 // row with ops.h's fixed arithmetic, so a row's result does not depend on the rows beside it.
+// The four matrices are Weights (quant.cpp): float32, GGUF blocks, or parts of both.
 #include "rowwise.h"
 
 namespace {
@@ -22,9 +23,9 @@ void norm_rows(torch::Tensor& t, const std::optional<torch::Tensor>& w, float ep
 
 }  // namespace
 
-torch::Tensor decode_layer(torch::Tensor x, torch::Tensor attn_norm, torch::Tensor qkv, std::optional<torch::Tensor> qkv_bias,
-                           std::optional<torch::Tensor> qk_norm, torch::Tensor o, std::optional<torch::Tensor> post_attn_norm,
-                           torch::Tensor mlp_norm, torch::Tensor gate_up, torch::Tensor down, std::optional<torch::Tensor> post_mlp_norm,
+torch::Tensor decode_layer(torch::Tensor x, torch::Tensor attn_norm, const Weight& qkv, std::optional<torch::Tensor> qkv_bias,
+                           std::optional<torch::Tensor> qk_norm, const Weight& o, std::optional<torch::Tensor> post_attn_norm,
+                           torch::Tensor mlp_norm, const Weight& gate_up, const Weight& down, std::optional<torch::Tensor> post_mlp_norm,
                            torch::Tensor cos, torch::Tensor sin, std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values,
                            std::vector<int64_t> rows, std::vector<int64_t> starts, int64_t heads, int64_t kv_heads, int64_t window,
                            double scale, double eps, bool gelu) {
@@ -37,7 +38,7 @@ torch::Tensor decode_layer(torch::Tensor x, torch::Tensor attn_norm, torch::Tens
   TORCH_CHECK(cos.size(0) == N && sin.sizes() == cos.sizes(), "decode_layer: cos, sin [N, D]");
   TORCH_CHECK(S > 0 && keys.size() == static_cast<size_t>(S) && values.size() == keys.size() && starts.size() == rows.size(),
               "decode_layer: one rows, starts, keys, values entry per segment");
-  TORCH_CHECK(qkv.size(0) == (QK + KVH) * D, "decode_layer: qkv has (heads + 2 kv_heads) * head_dim rows");
+  TORCH_CHECK(weight_rows(qkv) == (QK + KVH) * D, "decode_layer: qkv has (heads + 2 kv_heads) * head_dim rows");
   const float feps = static_cast<float>(eps);
   vs::FpMode mode;
   std::vector<float> tmp(D);
@@ -45,7 +46,7 @@ torch::Tensor decode_layer(torch::Tensor x, torch::Tensor attn_norm, torch::Tens
   // 1. attention input: the norm, q/k/v, q/k norms, RoPE
   auto h = torch::empty_like(x);
   for (int64_t r = 0; r < N; ++r) vs::rmsnorm(x.data_ptr<float>() + r * hidden, attn_norm.data_ptr<float>(), h.data_ptr<float>() + r * hidden, hidden, feps);
-  auto qkv_out = rows_mm(h, qkv);  // [N, (QK + KVH) * D]
+  auto qkv_out = weight_mm(h, qkv);  // [N, (QK + KVH) * D]
   float* Q = qkv_out.data_ptr<float>();
   const int64_t width = (QK + KVH) * D;
   if (qkv_bias) {
@@ -80,17 +81,17 @@ torch::Tensor decode_layer(torch::Tensor x, torch::Tensor attn_norm, torch::Tens
   }
 
   // 3. the attention's projection, its norm, the residual
-  auto a = rows_mm(attn, o);
+  auto a = weight_mm(attn, o);
   norm_rows(a, post_attn_norm, feps);
   auto x2 = x + a;
 
   // 4. the MLP
   for (int64_t r = 0; r < N; ++r) vs::rmsnorm(x2.data_ptr<float>() + r * hidden, mlp_norm.data_ptr<float>(), h.data_ptr<float>() + r * hidden, hidden, feps);
-  auto gu = rows_mm(h, gate_up);  // [N, 2 I]: gate, then up
+  auto gu = weight_mm(h, gate_up);  // [N, 2 I]: gate, then up
   const int64_t I = gu.size(1) / 2;
   auto m = torch::empty({N, I}, x.options());
   for (int64_t r = 0; r < N; ++r) vs::gated(gu.data_ptr<float>() + r * 2 * I, gu.data_ptr<float>() + r * 2 * I + I, m.data_ptr<float>() + r * I, I, gelu);
-  auto d = rows_mm(m, down);
+  auto d = weight_mm(m, down);
   norm_rows(d, post_mlp_norm, feps);
   return x2 + d;
 }

@@ -90,5 +90,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("variant", []() { return std::string(vs::kVariant); });
   m.def("rows_mm", &rows_mm, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("attention_rows", &attention_rows, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("weight_mm", &weight_mm, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("dequantize", &dequantize, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("take_rows", &take_rows, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("decode_layer", &decode_layer, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

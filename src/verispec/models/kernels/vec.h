@@ -12,6 +12,10 @@
 //   s4[i] = s8[i] + s8[i + 4] (i < 4)
 //   s2[i] = s4[i] + s4[i + 2] (i < 2)
 //   sum   = s2[0] + s2[1]
+// Unpacking GGUF blocks (quant.h): bytes16 + bits, from_i8 and word_bits turn bytes, int8 and the
+// bits of a word into float lanes (small integers: exact on every variant); lookup16 / lookup32
+// pick lanes of a 16- or 32-entry table by 4-bit indices (and a fifth bit): a block's every
+// possible weight computed once, then looked up (AVX-512: one permute per 16 weights).
 // max(a, b) is a > b ? a : b and min(a, b) is a < b ? a : b (x86's rule: the second operand when
 // either is NaN). FpMode pins the floating-point environment (round to nearest even, no
 // flush-to-zero, no denormals-as-zero) for the duration of a kernel call, on each thread.
@@ -67,6 +71,31 @@ inline float sum(V a) {
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 inline void prefetch(const float* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
+// Unpacking (quant.h): B16 is 16 bytes zero-extended to 32-bit lanes; bits(b, shift, mask) the
+// lanes ((b >> shift) & mask) as floats; from_i8 16 int8 as floats; word_bits bits first.. of w
+struct B16 { __m512i v; };
+inline B16 bytes16(const uint8_t* p) { return {_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))}; }
+inline V bits(B16 b, int shift, int mask) {
+  return {_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srl_epi32(b.v, _mm_cvtsi32_si128(shift)), _mm512_set1_epi32(mask)))};
+}
+inline V from_i8(const int8_t* p) { return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))}; }
+inline V word_bits(uint32_t w, int first) {
+  const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(first), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  return {_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(static_cast<int>(w)), idx), _mm512_set1_epi32(1)))};
+}
+inline V iota() { return {_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)}; }
+// table lookups: lane i = t[(b_i >> shift) & 15]; lookup32: from hi instead where bit i of `bits`
+// (or bit hshift of h_i) is set
+inline V lookup16(V t, B16 b, int shift) { return {_mm512_permutexvar_ps(_mm512_srl_epi32(b.v, _mm_cvtsi32_si128(shift)), t.v)}; }
+inline V lookup32(V lo, V hi, B16 b, int shift, uint32_t bits) {
+  const __m512i i = _mm512_srl_epi32(b.v, _mm_cvtsi32_si128(shift));
+  return {_mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(i, lo.v), static_cast<__mmask16>(bits & 0xFFFF), i, hi.v)};
+}
+inline V lookup32(V lo, V hi, B16 b, int shift, B16 h, int hshift) {
+  const __mmask16 m = _mm512_test_epi32_mask(h.v, _mm512_set1_epi32(1 << hshift));
+  const __m512i i = _mm512_srl_epi32(b.v, _mm_cvtsi32_si128(shift));
+  return {_mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(i, lo.v), m, i, hi.v)};
+}
 
 #elif defined(VERISPEC_AVX2)
 constexpr const char* kVariant = "avx2";
@@ -102,6 +131,46 @@ inline float sum(V a) {
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 inline void prefetch(const float* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
+struct B16 { __m256i lo, hi; };
+inline B16 bytes16(const uint8_t* p) {
+  return {_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))), _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)))};
+}
+inline V bits(B16 b, int shift, int mask) {
+  const __m128i sh = _mm_cvtsi32_si128(shift);
+  const __m256i m = _mm256_set1_epi32(mask);
+  return {_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srl_epi32(b.lo, sh), m)), _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srl_epi32(b.hi, sh), m))};
+}
+inline V from_i8(const int8_t* p) {
+  return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))),
+          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8))))};
+}
+inline V word_bits(uint32_t w, int first) {
+  const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(first), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m256i ww = _mm256_set1_epi32(static_cast<int>(w)), one = _mm256_set1_epi32(1);
+  return {_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(ww, idx), one)),
+          _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(ww, _mm256_add_epi32(idx, _mm256_set1_epi32(8))), one))};
+}
+inline V iota() { return {_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), _mm256_setr_ps(8, 9, 10, 11, 12, 13, 14, 15)}; }
+// t[i & 15] for 8 lanes of indices: two 8-entry permutes, bit 3 picks
+inline __m256 lookup8(V t, __m256i i) {
+  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(t.lo, i), _mm256_permutevar8x32_ps(t.hi, i), _mm256_castsi256_ps(_mm256_slli_epi32(i, 28)));
+}
+inline V lookup16(V t, B16 b, int shift) {
+  const __m128i sh = _mm_cvtsi32_si128(shift);
+  return {lookup8(t, _mm256_srl_epi32(b.lo, sh)), lookup8(t, _mm256_srl_epi32(b.hi, sh))};
+}
+inline __m256 pick8(__m256 lo, __m256 hi, __m256i sel) { return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(sel)); }  // sign bit of sel
+inline V lookup32(V lo, V hi, B16 b, int shift, uint32_t bits) {
+  const V a = lookup16(lo, b, shift), z = lookup16(hi, b, shift);
+  const __m256i s = _mm256_sllv_epi32(_mm256_set1_epi32(static_cast<int>(bits)), _mm256_setr_epi32(31, 30, 29, 28, 27, 26, 25, 24));
+  const __m256i s8 = _mm256_sllv_epi32(_mm256_set1_epi32(static_cast<int>(bits >> 8)), _mm256_setr_epi32(31, 30, 29, 28, 27, 26, 25, 24));
+  return {pick8(a.lo, z.lo, s), pick8(a.hi, z.hi, s8)};
+}
+inline V lookup32(V lo, V hi, B16 b, int shift, B16 h, int hshift) {
+  const V a = lookup16(lo, b, shift), z = lookup16(hi, b, shift);
+  const __m128i sh = _mm_cvtsi32_si128(31 - hshift);
+  return {pick8(a.lo, z.lo, _mm256_sll_epi32(h.lo, sh)), pick8(a.hi, z.hi, _mm256_sll_epi32(h.hi, sh))};
+}
 
 #elif defined(VERISPEC_NEON)
 constexpr const char* kVariant = "neon";
@@ -143,6 +212,48 @@ inline float sum(V a) {
   return vget_lane_f32(s2, 0) + vget_lane_f32(s2, 1);
 }
 inline void prefetch(const float* p) { __builtin_prefetch(p); }
+struct B16 { uint8_t b[16]; };
+inline B16 bytes16(const uint8_t* p) { B16 r; std::memcpy(r.b, p, 16); return r; }
+inline V bits(B16 b, int shift, int mask) {
+  float t[16];
+  for (int i = 0; i < 16; ++i) t[i] = static_cast<float>((b.b[i] >> shift) & mask);
+  return load(t);
+}
+inline V from_i8(const int8_t* p) {
+  float t[16];
+  for (int i = 0; i < 16; ++i) t[i] = static_cast<float>(p[i]);
+  return load(t);
+}
+inline V word_bits(uint32_t w, int first) {
+  float t[16];
+  for (int i = 0; i < 16; ++i) t[i] = static_cast<float>((w >> (first + i)) & 1);
+  return load(t);
+}
+inline V iota() {
+  float t[16];
+  for (int i = 0; i < 16; ++i) t[i] = static_cast<float>(i);
+  return load(t);
+}
+inline V lookup16(V t, B16 b, int shift) {
+  float tt[16], r[16];
+  store(tt, t);
+  for (int i = 0; i < 16; ++i) r[i] = tt[(b.b[i] >> shift) & 15];
+  return load(r);
+}
+inline V lookup32(V lo, V hi, B16 b, int shift, uint32_t bits) {
+  float tl[16], th[16], r[16];
+  store(tl, lo);
+  store(th, hi);
+  for (int i = 0; i < 16; ++i) r[i] = ((bits >> i) & 1) ? th[(b.b[i] >> shift) & 15] : tl[(b.b[i] >> shift) & 15];
+  return load(r);
+}
+inline V lookup32(V lo, V hi, B16 b, int shift, B16 h, int hshift) {
+  float tl[16], th[16], r[16];
+  store(tl, lo);
+  store(th, hi);
+  for (int i = 0; i < 16; ++i) r[i] = ((h.b[i] >> hshift) & 1) ? th[(b.b[i] >> shift) & 15] : tl[(b.b[i] >> shift) & 15];
+  return load(r);
+}
 
 #else  // VERISPEC_SCALAR
 constexpr const char* kVariant = "scalar";
@@ -172,7 +283,6 @@ inline float pow2i1(float n) {
 }
 inline V pow2i(V n) { VS_EACH(pow2i1(n.l[i])); }
 inline V zero_where_less(V a, V x, V lo) { VS_EACH(x.l[i] < lo.l[i] ? 0.0f : a.l[i]); }
-#undef VS_EACH
 inline float sum(V a) {
   float s8[8], s4[4];
   for (int i = 0; i < 8; ++i) s8[i] = a.l[i] + a.l[i + 8];
@@ -181,6 +291,18 @@ inline float sum(V a) {
   return s2a + s2b;
 }
 inline void prefetch(const float* p) { __builtin_prefetch(p); }
+struct B16 { uint8_t b[16]; };
+inline B16 bytes16(const uint8_t* p) { B16 r; std::memcpy(r.b, p, 16); return r; }
+inline V bits(B16 b, int shift, int mask) { VS_EACH(static_cast<float>((b.b[i] >> shift) & mask)); }
+inline V from_i8(const int8_t* p) { VS_EACH(static_cast<float>(p[i])); }
+inline V word_bits(uint32_t w, int first) { VS_EACH(static_cast<float>((w >> (first + i)) & 1)); }
+inline V iota() { VS_EACH(static_cast<float>(i)); }
+inline V lookup16(V t, B16 b, int shift) { VS_EACH(t.l[(b.b[i] >> shift) & 15]); }
+inline V lookup32(V lo, V hi, B16 b, int shift, uint32_t bits) { VS_EACH(((bits >> i) & 1) ? hi.l[(b.b[i] >> shift) & 15] : lo.l[(b.b[i] >> shift) & 15]); }
+inline V lookup32(V lo, V hi, B16 b, int shift, B16 h, int hshift) {
+  VS_EACH(((h.b[i] >> hshift) & 1) ? hi.l[(b.b[i] >> shift) & 15] : lo.l[(b.b[i] >> shift) & 15]);
+}
+#undef VS_EACH
 #endif
 
 // e^x in 16 lanes: x = n ln2 + r (|r| <= ln2 / 2, ln2 in two parts), the degree-6 Taylor

@@ -1,0 +1,196 @@
+// Products, unpacking and row lookups over GGUF weight blocks kept as loaded (quant.h), and over
+// weights stacked from parts of different formats (a fused q/k/v whose v is Q6_K beside Q4_K q
+// and k, as Q4_K_M files have).
+//
+// A Weight is (parts, types): part p holds rows [o_p, o_p + rows_p) of the stacked matrix, as
+// float32 [rows_p, in] (type F32) or as its blocks, uint8 [rows_p, row bytes]. Work split as in
+// rows_mm (rowwise.cpp): threads take blocks of consecutive outputs of a part; every (output, row)
+// pair is ops.h's dot over the unpacked weights, whatever R, the neighbours or the thread.
+#include "rowwise.h"
+#include "quant.h"
+
+#include <ATen/Parallel.h>
+
+namespace {
+
+template <int T, int R>
+void rows_part(const float* x, const uint8_t* w, float* y, int64_t in, int64_t out, int64_t ldy) {
+  constexpr int OB = vs::outputs_per_block<R>();
+  const int64_t rb = vs::row_bytes<T>(in), blocks = out / OB;
+  at::parallel_for(0, blocks, 8, [&](int64_t b0, int64_t b1) {
+    vs::FpMode mode;
+    for (int64_t b = b0; b < b1; ++b) vs::products_q<T, R, OB>(x, w, rb, y, in, ldy, b * OB);
+  });
+  vs::FpMode mode;
+  for (int64_t o = blocks * OB; o < out; ++o) vs::products_q<T, R, 1>(x, w, rb, y, in, ldy, o);
+}
+
+template <int R>
+void rows_f32(const float* x, const uint8_t* wb, float* y, int64_t in, int64_t out, int64_t ldy) {
+  constexpr int OB = vs::outputs_per_block<R>();
+  const float* w = reinterpret_cast<const float*>(wb);
+  const int64_t blocks = out / OB;
+  at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
+    vs::FpMode mode;
+    for (int64_t b = b0; b < b1; ++b) vs::products<R, OB>(x, w, y, in, ldy, b * OB);
+  });
+  vs::FpMode mode;
+  for (int64_t o = blocks * OB; o < out; ++o) vs::products<R, 1>(x, w, y, in, ldy, o);
+}
+
+using PartFn = void (*)(const float*, const uint8_t*, float*, int64_t, int64_t, int64_t);
+
+template <int T>
+constexpr PartFn kPart[9] = {nullptr, rows_part<T, 1>, rows_part<T, 2>, rows_part<T, 3>, rows_part<T, 4>,
+                             rows_part<T, 5>, rows_part<T, 6>, rows_part<T, 7>, rows_part<T, 8>};
+constexpr PartFn kF32[9] = {nullptr, rows_f32<1>, rows_f32<2>, rows_f32<3>, rows_f32<4>, rows_f32<5>, rows_f32<6>, rows_f32<7>, rows_f32<8>};
+
+PartFn part_fn(int64_t type, int R) {
+  switch (type) {
+    case vs::F32: return kF32[R];
+    case vs::F16: return kPart<vs::F16>[R];
+    case vs::BF16: return kPart<vs::BF16>[R];
+    case vs::Q4_0: return kPart<vs::Q4_0>[R];
+    case vs::Q4_1: return kPart<vs::Q4_1>[R];
+    case vs::Q5_0: return kPart<vs::Q5_0>[R];
+    case vs::Q5_1: return kPart<vs::Q5_1>[R];
+    case vs::Q8_0: return kPart<vs::Q8_0>[R];
+    case vs::Q4_K: return kPart<vs::Q4_K>[R];
+    case vs::Q5_K: return kPart<vs::Q5_K>[R];
+    case vs::Q6_K: return kPart<vs::Q6_K>[R];
+  }
+  TORCH_CHECK(false, "weight format ", type, " is not supported (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)");
+}
+
+using UnpackFn = void (*)(const uint8_t*, float*, int64_t);
+
+UnpackFn unpack_fn(int64_t type) {
+  switch (type) {
+    case vs::F16: return vs::unpack_row<vs::F16>;
+    case vs::BF16: return vs::unpack_row<vs::BF16>;
+    case vs::Q4_0: return vs::unpack_row<vs::Q4_0>;
+    case vs::Q4_1: return vs::unpack_row<vs::Q4_1>;
+    case vs::Q5_0: return vs::unpack_row<vs::Q5_0>;
+    case vs::Q5_1: return vs::unpack_row<vs::Q5_1>;
+    case vs::Q8_0: return vs::unpack_row<vs::Q8_0>;
+    case vs::Q4_K: return vs::unpack_row<vs::Q4_K>;
+    case vs::Q5_K: return vs::unpack_row<vs::Q5_K>;
+    case vs::Q6_K: return vs::unpack_row<vs::Q6_K>;
+  }
+  TORCH_CHECK(false, "weight format ", type, " is not supported");
+}
+
+int64_t elems(int64_t type) {
+  switch (type) {
+    case vs::F32: return 1;
+    case vs::Q4_K: case vs::Q5_K: case vs::Q6_K: return 256;
+    default: return 32;
+  }
+}
+
+int64_t block_bytes(int64_t type) {
+  switch (type) {
+    case vs::F32: return 4;
+    case vs::F16: case vs::BF16: return 64;
+    case vs::Q4_0: return 18;
+    case vs::Q4_1: return 20;
+    case vs::Q5_0: return 22;
+    case vs::Q5_1: return 24;
+    case vs::Q8_0: return 34;
+    case vs::Q4_K: return 144;
+    case vs::Q5_K: return 176;
+    case vs::Q6_K: return 210;
+  }
+  TORCH_CHECK(false, "weight format ", type, " is not supported");
+}
+
+// the checked part p of a weight over `in` columns: its rows and bytes
+const uint8_t* part_data(const torch::Tensor& t, int64_t type, int64_t in) {
+  TORCH_CHECK(t.device().is_cpu() && t.dim() == 2 && t.is_contiguous(), "weight parts: contiguous 2-D CPU tensors");
+  TORCH_CHECK(in % elems(type) == 0, "weight format ", type, ": ", in, " columns are not whole blocks of ", elems(type));
+  if (type == vs::F32) {
+    TORCH_CHECK(t.scalar_type() == at::kFloat && t.size(1) == in, "a float32 part must be [rows, ", in, "], got ", t.sizes());
+    return reinterpret_cast<const uint8_t*>(t.data_ptr<float>());
+  }
+  TORCH_CHECK(t.scalar_type() == at::kByte && t.size(1) == in / elems(type) * block_bytes(type),
+              "a part of format ", type, " over ", in, " columns must be uint8 [rows, ", in / elems(type) * block_bytes(type), "], got ",
+              t.scalar_type(), " ", t.sizes());
+  return t.data_ptr<uint8_t>();
+}
+
+}  // namespace
+
+int64_t weight_rows(const Weight& w) {
+  int64_t n = 0;
+  for (const auto& t : std::get<0>(w)) n += t.size(0);
+  return n;
+}
+
+torch::Tensor weight_mm(torch::Tensor x, const Weight& w) {
+  const auto& [parts, types] = w;
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(), "weight_mm: x must be float32 [R, in] on the CPU");
+  TORCH_CHECK(!parts.empty() && parts.size() == types.size(), "weight_mm: one type per part");
+  x = x.contiguous();
+  const int64_t R = x.size(0), in = x.size(1), out = weight_rows(w);
+  auto y = torch::empty({R, out}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  int64_t o0 = 0;
+  for (size_t p = 0; p < parts.size(); ++p) {
+    const uint8_t* wp = part_data(parts[p], types[p], in);
+    const int64_t rows = parts[p].size(0);
+    for (int64_t r0 = 0; r0 < R; r0 += 8) {  // 8 rows per pass over the weights
+      const int n = static_cast<int>(R - r0 < 8 ? R - r0 : 8);
+      part_fn(types[p], n)(xp + r0 * in, wp, yp + r0 * out + o0, in, rows, out);
+    }
+    o0 += rows;
+  }
+  return y;
+}
+
+// the whole stacked matrix as float32 [rows, in]: each value exactly gguf-py's dequantisation
+torch::Tensor dequantize(const Weight& w, int64_t in) {
+  const auto& [parts, types] = w;
+  auto out = torch::empty({weight_rows(w), in}, torch::dtype(torch::kFloat));
+  float* op = out.data_ptr<float>();
+  int64_t o0 = 0;
+  for (size_t p = 0; p < parts.size(); ++p) {
+    const uint8_t* wp = part_data(parts[p], types[p], in);
+    const int64_t rows = parts[p].size(0);
+    if (types[p] == vs::F32) {
+      out.narrow(0, o0, rows).copy_(parts[p]);
+    } else {
+      const UnpackFn unpack = unpack_fn(types[p]);
+      const int64_t rb = parts[p].size(1);
+      at::parallel_for(0, rows, 64, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) unpack(wp + r * rb, op + (o0 + r) * in, in);
+      });
+    }
+    o0 += rows;
+  }
+  return out;
+}
+
+// rows ids of the stacked matrix as float32 [n, in] (an embedding lookup)
+torch::Tensor take_rows(const Weight& w, int64_t in, torch::Tensor ids) {
+  const auto& [parts, types] = w;
+  TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong, "take_rows: ids must be int64 [n]");
+  ids = ids.contiguous();
+  const int64_t n = ids.size(0), total = weight_rows(w);
+  auto out = torch::empty({n, in}, torch::dtype(torch::kFloat));
+  const int64_t* ip = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t r = ip[i];
+    TORCH_CHECK(r >= 0 && r < total, "take_rows: id ", r, " out of range [0, ", total, ")");
+    size_t p = 0;
+    while (r >= parts[p].size(0)) r -= parts[p++].size(0);
+    const uint8_t* wp = part_data(parts[p], types[p], in);
+    float* o = out.data_ptr<float>() + i * in;
+    if (types[p] == vs::F32) {
+      std::memcpy(o, reinterpret_cast<const float*>(wp) + r * in, in * sizeof(float));
+    } else {
+      unpack_fn(types[p])(wp + r * parts[p].size(1), o, in);
+    }
+  }
+  return out;
+}

@@ -1,0 +1,295 @@
+// GGUF weight blocks unpacked to float32, and the row products over them (no torch here).
+//
+// A format's dequantisation gives exactly the float32 values gguf-py's `quants.dequantize` gives
+// (the reference the tests compare with): every step is the same IEEE float32 operation in the
+// same order (w = d * q, d * q + m, (d * sc) * q - dmin * m, ...; -ffp-contract=off keeps the
+// multiply and the add apart). So a product over blocks is, bit for bit, ops.h's products over
+// the dequantised matrix: the blocks are unpacked into a small buffer (one block per output, in
+// L1) and multiplied against every row with the same fused multiply-adds in the same order.
+//
+// Formats (ggml's type numbers): F32 0, F16 1, Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7, Q8_0 8, Q4_K 12,
+// Q5_K 13, Q6_K 14, BF16 30. Block layouts as ggml-common.h defines them (d, m: float16 scales;
+// qs: low 4 bits, two to a byte; qh: high bits).
+#pragma once
+
+#include "ops.h"
+
+namespace vs {
+
+// the unpacking must melt into the products' loop (B16 and V in registers, not on the stack)
+#define VS_ALWAYS_INLINE __attribute__((always_inline))
+
+enum Type : int { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30 };
+
+// float16 -> float32, exact (normals, subnormals, infinities, NaN payloads)
+inline float half(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
+  if (exp == 0x1F) {
+    bits = sign | 0x7F800000 | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal: normalise
+    int e = 113;
+    while (!(man & 0x400)) {
+      man <<= 1;
+      --e;
+    }
+    bits = sign | (static_cast<uint32_t>(e) << 23) | ((man & 0x3FF) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+inline float half_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+#if defined(__F16C__)
+  return _cvtsh_ss(h);  // the same exact conversion in one instruction (the x86 variants' builds)
+#else
+  return half(h);
+#endif
+}
+
+inline float bf16_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// Q4_K / Q5_K: the 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes
+inline void scale_min_k4(int j, const uint8_t* q, int& sc, int& m) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// Format<T>: kElems weights in kBytes bytes. each(block, f) calls f(j, w) for the block's 16-lane
+// groups j = 0, 16, 32, ... in that order (the products' accumulation order), w the unpacked lanes.
+// The 4- and 5-bit formats compute a block's (or sub-block's) 16 or 32 possible weights with
+// gguf-py's operations in its order, then look each lane's up (lookup16 / lookup32); Q6_K and
+// Q8_0 compose their integers in float lanes (small integers, so exactly) and scale them.
+template <int T>
+struct Format;
+
+template <>
+struct Format<F16> {
+  static constexpr int kElems = 32, kBytes = 64;
+  template <class F>
+  VS_ALWAYS_INLINE static void each(const uint8_t* b, F&& f) {
+    for (int j = 0; j < 32; j += 16) {
+      float t[16];
+      for (int i = 0; i < 16; ++i) t[i] = half_at(b + 2 * (j + i));
+      f(j, load(t));
+    }
+  }
+};
+
+template <>
+struct Format<BF16> {
+  static constexpr int kElems = 32, kBytes = 64;
+  template <class F>
+  VS_ALWAYS_INLINE static void each(const uint8_t* b, F&& f) {
+    for (int j = 0; j < 32; j += 16) {
+      float t[16];
+      for (int i = 0; i < 16; ++i) t[i] = bf16_at(b + 2 * (j + i));
+      f(j, load(t));
+    }
+  }
+};
+
+template <>
+struct Format<Q4_0> {  // d, qs[16]: w = d * (q - 8); lanes 0-15 the low nibbles, 16-31 the high
+  static constexpr int kElems = 32, kBytes = 18;
+  template <class F>
+  VS_ALWAYS_INLINE static void each(const uint8_t* b, F&& f) {
+    const V t = mul(set1(half_at(b)), sub(iota(), set1(8.0f)));  // the 16 possible weights
+    const B16 q = bytes16(b + 2);
+    f(0, lookup16(t, q, 0));
+    f(16, lookup16(t, q, 4));
+  }
+};
+
+template <>
+struct Format<Q4_1> {  // d, m, qs[16]: w = d * q + m
+  static constexpr int kElems = 32, kBytes = 20;
+  template <class F>
+  VS_ALWAYS_INLINE static void each(const uint8_t* b, F&& f) {
+    const V t = add(mul(set1(half_at(b)), iota()), set1(half_at(b + 2)));
+    const B16 q = bytes16(b + 4);
+    f(0, lookup16(t, q, 0));
+    f(16, lookup16(t, q, 4));
+  }
+};
+
+template <>
+struct Format<Q5_0> {  // d, qh (32 bits), qs[16]: w = d * (q - 16)
+  static constexpr int kElems = 32, kBytes = 22;
+  template <class F>
+  VS_ALWAYS_INLINE static void each(const uint8_t* b, F&& f) {
+    const V d = set1(half_at(b)), sixteen = set1(16.0f);
+    const V lo = mul(d, sub(iota(), sixteen)), hi = mul(d, iota());  // q - 16 for q < 16, q >= 16
+    uint32_t qh;
+    std::memcpy(&qh, b + 2, 4);
+    const B16 q = bytes16(b + 6);
+    f(0, lookup32(lo, hi, q, 0, qh));
+    f(16, lookup32(lo, hi, q, 4, qh >> 16));
+  }
+};
+
+template <>
+struct Format<Q5_1> {  // d, m, qh, qs[16]: w = d * q + m
+  static constexpr int kElems = 32, kBytes = 24;
+  template <class F>
+  VS_ALWAYS_INLINE static void each(const uint8_t* b, F&& f) {
+    const V d = set1(half_at(b)), m = set1(half_at(b + 2));
+    const V lo = add(mul(d, iota()), m), hi = add(mul(d, add(iota(), set1(16.0f))), m);
+    uint32_t qh;
+    std::memcpy(&qh, b + 4, 4);
+    const B16 q = bytes16(b + 8);
+    f(0, lookup32(lo, hi, q, 0, qh));
+    f(16, lookup32(lo, hi, q, 4, qh >> 16));
+  }
+};
+
+template <>
+struct Format<Q8_0> {  // d, qs[32] (int8): w = q * d
+  static constexpr int kElems = 32, kBytes = 34;
+  template <class F>
+  VS_ALWAYS_INLINE static void each(const uint8_t* b, F&& f) {
+    const V d = set1(half_at(b));
+    const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2);
+    f(0, mul(from_i8(qs), d));
+    f(16, mul(from_i8(qs + 16), d));
+  }
+};
+
+// Q4_K / Q5_K: weights 64c .. 64c + 63 (c = 0..3) are sub-block 2c (the low nibbles of
+// qs[32c ..]) then 2c + 1 (the high nibbles); sub-block s: w = (d * sc_s) * q - dmin * m_s, with
+// Q5_K's fifth bit s of qh[l]
+template <bool Five, class F>
+VS_ALWAYS_INLINE inline void each_k(const uint8_t* b, F&& f) {
+  const float d = half_at(b), dmin = half_at(b + 2);
+  const uint8_t* scales = b + 4;
+  const uint8_t* qh = b + 16;
+  const uint8_t* qs = b + (Five ? 48 : 16);
+  const V sixteen = set1(16.0f);
+  for (int c = 0; c < 4; ++c) {
+    const B16 q0 = bytes16(qs + 32 * c), q1 = bytes16(qs + 32 * c + 16);
+    B16 h0{}, h1{};
+    if (Five) h0 = bytes16(qh), h1 = bytes16(qh + 16);
+    for (int half = 0; half < 2; ++half) {
+      int sc, m;
+      scale_min_k4(2 * c + half, scales, sc, m);
+      const V ds = set1(d * static_cast<float>(sc)), ms = set1(dmin * static_cast<float>(m));
+      const V lo = sub(mul(ds, iota()), ms);  // the sub-block's possible weights
+      if (Five) {
+        const V hi = sub(mul(ds, add(iota(), sixteen)), ms);
+        f(64 * c + 32 * half, lookup32(lo, hi, q0, 4 * half, h0, 2 * c + half));
+        f(64 * c + 32 * half + 16, lookup32(lo, hi, q1, 4 * half, h1, 2 * c + half));
+      } else {
+        f(64 * c + 32 * half, lookup16(lo, q0, 4 * half));
+        f(64 * c + 32 * half + 16, lookup16(lo, q1, 4 * half));
+      }
+    }
+  }
+}
+
+template <>
+struct Format<Q4_K> {  // d, dmin, scales[12], qs[128]
+  static constexpr int kElems = 256, kBytes = 144;
+  template <class F>
+  VS_ALWAYS_INLINE static void each(const uint8_t* b, F&& f) { each_k<false>(b, f); }
+};
+
+template <>
+struct Format<Q5_K> {  // d, dmin, scales[12], qh[32], qs[128]
+  static constexpr int kElems = 256, kBytes = 176;
+  template <class F>
+  VS_ALWAYS_INLINE static void each(const uint8_t* b, F&& f) { each_k<true>(b, f); }
+};
+
+template <>
+struct Format<Q6_K> {  // ql[128], qh[64], scales[16] (int8), d: w = (d * sc_(i / 16)) * (q - 32)
+  static constexpr int kElems = 256, kBytes = 210;
+  // weights 128h .. 128h + 127: runs r = 0..3 of 32, the low (r < 2) or high nibbles of
+  // ql[64h + 32 (r & 1) ..] with bits 2r, 2r + 1 of qh[32h ..] above them
+  template <class F>
+  VS_ALWAYS_INLINE static void each(const uint8_t* b, F&& f) {
+    const uint8_t* ql = b;
+    const uint8_t* qh = b + 128;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+    const float d = half_at(b + 208);
+    const V sixteen = set1(16.0f), offset = set1(32.0f);
+    auto run = [&](int i, B16 a, B16 z, int shift, B16 h0, B16 h1, int hshift) VS_ALWAYS_INLINE {
+      const V qa = sub(add(bits(a, shift, 15), mul(bits(h0, hshift, 3), sixteen)), offset);
+      const V qz = sub(add(bits(z, shift, 15), mul(bits(h1, hshift, 3), sixteen)), offset);
+      f(i, mul(set1(d * static_cast<float>(sc[i / 16])), qa));
+      f(i + 16, mul(set1(d * static_cast<float>(sc[i / 16 + 1])), qz));
+    };
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* l = ql + 64 * h;
+      const B16 h0 = bytes16(qh + 32 * h), h1 = bytes16(qh + 32 * h + 16);
+      const B16 l0 = bytes16(l), l1 = bytes16(l + 16);
+      run(128 * h, l0, l1, 0, h0, h1, 0);
+      const B16 l2 = bytes16(l + 32), l3 = bytes16(l + 48);
+      run(128 * h + 32, l2, l3, 0, h0, h1, 2);
+      run(128 * h + 64, l0, l1, 4, h0, h1, 4);
+      run(128 * h + 96, l2, l3, 4, h0, h1, 6);
+    }
+  }
+};
+
+// Bytes of one row of `in` weights in format T.
+template <int T>
+inline int64_t row_bytes(int64_t in) {
+  return in / Format<T>::kElems * Format<T>::kBytes;
+}
+
+// One row of `in` weights unpacked: out[0..in)
+template <int T>
+inline void unpack_row(const uint8_t* row, float* out, int64_t in) {
+  constexpr int E = Format<T>::kElems, B = Format<T>::kBytes;
+  for (int64_t k = 0; k < in / E; ++k) {
+    float* o = out + k * E;
+    Format<T>::each(row + k * B, [o](int j, V w) { store(o + j, w); });
+  }
+}
+
+// outputs o0 .. o0 + OB - 1 (rows of `w`, `rb` bytes each) for rows x[0..R): y[r * ldy + o] =
+// dot(unpacked w[o], x[r]), ops.h's dot to the bit: 16 lanes at a time in order, then the sum
+// tree. The lanes are unpacked in registers and used at once by every row.
+template <int T, int R, int OB>
+inline void products_q(const float* __restrict x, const uint8_t* __restrict w, int64_t rb, float* __restrict y, int64_t in,
+                       int64_t ldy, int64_t o0) {
+  constexpr int E = Format<T>::kElems, B = Format<T>::kBytes;
+  V acc[OB][R];
+  for (int b = 0; b < OB; ++b)
+    for (int r = 0; r < R; ++r) acc[b][r] = zero();
+  for (int64_t k = 0; k < in / E; ++k) {
+    const float* xk = x + k * E;
+    for (int b = 0; b < OB; ++b) {
+      V* ab = acc[b];
+      const uint8_t* blk = w + (o0 + b) * rb + k * B;
+      // the same block of the next outputs' rows (the memory stalls were on each block's first byte)
+      for (int p = 0; p < B; p += 64) prefetch(reinterpret_cast<const float*>(blk + OB * rb + p));
+      Format<T>::each(blk, [&](int j, V wv) VS_ALWAYS_INLINE {
+        for (int r = 0; r < R; ++r) ab[r] = fmadd(wv, load(xk + r * in + j), ab[r]);
+      });
+    }
+  }
+  for (int b = 0; b < OB; ++b)
+    for (int r = 0; r < R; ++r) y[r * ldy + o0 + b] = sum(acc[b][r]);
+}
+
+}  // namespace vs

@@ -1,0 +1,191 @@
+"""GGUF blocks kept as loaded (models/quant.py, kernels/quant.h): the unpacking gives gguf-py's
+float32 values bit for bit on every kernel variant, products over blocks are the float32
+products over the dequantised matrix, and a model loaded as blocks computes exactly what its
+float32 conversion computes (tiny synthetic GGUF files written by models/synth.py, and SmolLM2)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from verispec.errors import UnsupportedModelError
+from verispec.models import rowwise
+from verispec.models.quant import FORMATS, QuantTensor
+from verispec.models.synth import SIZES, random_blocks, write
+
+FORMAT_NAMES = [name for t, (name, _, _) in FORMATS.items() if t != 0]
+
+
+def _blocks(fmt: str, rows: int, cols: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if fmt in ("F16", "BF16"):
+        x = rng.normal(0, 1, rows * cols).astype(np.float32)
+        if fmt == "F16":
+            # a few subnormals, zeros, infinities beside the normals
+            x[:4] = [6e-8, -3e-6, 0.0, np.inf]
+            return x.astype(np.float16).view(np.uint8).reshape(rows, cols * 2)
+        return (x.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(rows, cols * 2)
+    return random_blocks(rng, fmt, rows, cols, scale=0.05)
+
+
+def _reference(raw: np.ndarray, fmt: str, cols: int) -> torch.Tensor:
+    import gguf
+
+    t = gguf.GGMLQuantizationType[fmt]
+    return torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(raw, t), dtype=np.float32).reshape(raw.shape[0], cols))
+
+
+def _variants():
+    return [rowwise.load_variant(v) for v in rowwise.supported_variants()]
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_unpacking_is_gguf_py_bit_for_bit_on_every_variant(fmt):
+    rows, cols = 24, 512
+    raw = _blocks(fmt, rows, cols, seed=len(fmt))
+    ref = _reference(raw, fmt, cols)
+    q = QuantTensor([torch.from_numpy(raw)], [FORMATS_BY_NAME[fmt]], cols)
+    ids = torch.tensor([5, 0, 23, 5])
+    for k in _variants():
+        got = k.dequantize(q.arg, cols)
+        assert torch.equal(got.view(torch.int32), ref.view(torch.int32)), f"{fmt} on {k.variant()}"
+        assert torch.equal(k.take_rows(q.arg, cols, ids).view(torch.int32), ref[ids].view(torch.int32))
+
+
+FORMATS_BY_NAME = {name: t for t, (name, _, _) in FORMATS.items()}
+
+
+@pytest.mark.parametrize("fmt", ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
+def test_products_over_blocks_are_the_float32_products_row_for_row(fmt):
+    rows, cols = 37, 768  # 37 outputs: whole blocks of outputs and a remainder
+    raw = _blocks(fmt, rows, cols, seed=3)
+    q = QuantTensor([torch.from_numpy(raw)], [FORMATS_BY_NAME[fmt]], cols)
+    ref = _reference(raw, fmt, cols)
+    x = torch.randn(11, cols, generator=torch.Generator().manual_seed(1))
+    for k in _variants():
+        alone = torch.cat([k.weight_mm(x[r : r + 1], q.arg) for r in range(11)])
+        for n in (1, 2, 3, 5, 8, 11):
+            y = k.weight_mm(x[:n], q.arg)
+            assert torch.equal(y, k.rows_mm(x[:n], ref)), f"{fmt} {n} rows on {k.variant()}"
+            assert torch.equal(y, alone[:n]), f"{fmt}: a row's result moved with its neighbours on {k.variant()}"
+
+
+def test_stacked_parts_of_different_formats():
+    cols = 512
+    a, b = _blocks("Q4_K", 16, cols, 1), _blocks("Q6_K", 8, cols, 2)
+    f = torch.randn(5, cols)
+    q = QuantTensor([torch.from_numpy(a), torch.from_numpy(b), f], [12, 14, 0], cols)
+    assert q.shape == (29, cols) and q.formats == ["Q4_K", "Q6_K", "F32"]
+    full = torch.cat([_reference(a, "Q4_K", cols), _reference(b, "Q6_K", cols), f])
+    assert torch.equal(q.dequantize(), full)
+    x = torch.randn(4, cols)
+    k = rowwise.kernel()
+    assert torch.equal(k.weight_mm(x, q.arg), k.rows_mm(x, full))
+    assert torch.equal(q.take(torch.tensor([0, 17, 28])), full[[0, 17, 28]])
+
+
+def test_the_comparison_sees_a_last_bit_change():
+    """Negative control: the same products summed in another order (MKL's x @ W^T over the same
+    float32 weights) differ in the last bits from the kernel's, so the bit-for-bit comparisons
+    above would catch a kernel that accumulated in any other order than ops.h's dot."""
+    cols = 768
+    raw = _blocks("Q4_K", 64, cols, 9)
+    ref = _reference(raw, "Q4_K", cols)
+    q = QuantTensor([torch.from_numpy(raw)], [12], cols)
+    x = torch.randn(4, cols, generator=torch.Generator().manual_seed(2))
+    ours, other = rowwise.kernel().weight_mm(x, q.arg), x @ ref.T
+    assert not torch.equal(ours, other)
+    assert torch.allclose(ours, other, atol=1e-5)  # only last bits apart
+
+
+def test_bad_parts_are_refused_clearly():
+    with pytest.raises(UnsupportedModelError, match="type 99 is not supported"):
+        QuantTensor([torch.zeros(2, 18, dtype=torch.uint8)], [99], 32)
+    with pytest.raises(ValueError, match="Q4_0 part must be contiguous torch.uint8 \\[rows, 18\\]"):
+        QuantTensor([torch.zeros(2, 20, dtype=torch.uint8)], [2], 32)
+    with pytest.raises(UnsupportedModelError, match="whole 256-weight blocks"):
+        QuantTensor([torch.zeros(2, 144, dtype=torch.uint8)], [12], 100)
+    k = rowwise.kernel()
+    with pytest.raises(RuntimeError, match="not supported"):
+        k.weight_mm(torch.zeros(1, 32), ([torch.zeros(2, 18, dtype=torch.uint8)], [99]))
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("synth")
+    return {mix: write(folder / f"tiny-{mix}.gguf", SIZES["tiny"], mix, seed=i, progress=False)
+            for i, mix in enumerate(["q4_k_m", "q4_1", "q5_0", "q8_0"])}
+
+
+@pytest.mark.parametrize("mix", ["q4_k_m", "q4_1", "q5_0", "q8_0"])
+def test_a_model_as_blocks_computes_what_its_float32_conversion_computes(synthetic, mix):
+    from verispec.engine.backends import RunnerConfig, build_runner
+
+    path = str(synthetic[mix])
+    blocks = build_runner("torch", RunnerConfig(path))  # the default: the file's blocks
+    floats = build_runner("torch", RunnerConfig(path, weights_format="float32"))
+    assert blocks.weights_format == "gguf" and blocks.model.quantised
+    assert floats.weights_format == "float32" and not floats.model.quantised
+    assert blocks.weight_bytes < floats.weight_bytes / 3
+    prompt = list(range(3, 70))  # 67 tokens: the prompt path (dequantised layer by layer)
+    sa, sb = blocks.open(128), floats.open(128)
+    la, lb = blocks.forward(sa, prompt).logits, floats.forward(sb, prompt).logits
+    assert torch.equal(la, lb)
+    for step in range(4):  # decoding rows, then a 5-row verification
+        tok = [int(la[-1].argmax())]
+        la, lb = blocks.forward(sa, tok).logits, floats.forward(sb, tok).logits
+        assert torch.equal(la, lb), f"step {step}"
+    draft = [7, 8, 9, 10, 11]
+    assert torch.equal(blocks.forward(sa, draft, num_logits=5).logits, floats.forward(sb, draft, num_logits=5).logits)
+
+
+def test_speculative_output_on_blocks_is_plain_decoding(synthetic):
+    from verispec import LLM, SamplingParams
+
+    path = str(synthetic["q4_k_m"])
+    prompts = [list(range(3, 40)) * 2, [5, 6, 7, 8] * 5]
+    params = SamplingParams(max_tokens=40, temperature=0.0)
+    plain = [o.outputs[0].token_ids for o in LLM(path).generate(prompts, params)]
+    for spec in ({"method": "prompt_lookup", "num_speculative_tokens": 4, "adaptive_k": False},
+                 {"method": "draft_model", "draft_model": path, "num_speculative_tokens": 3, "adaptive_k": False}):
+        outs = LLM(path, speculative=spec).generate(prompts, params)
+        assert [o.outputs[0].token_ids for o in outs] == plain, spec["method"]
+
+
+def test_llamacpp_reads_our_synthetic_file_as_we_do(synthetic):
+    """The writer and the unpacking agree with llama.cpp on what the blocks mean: its logits for
+    the same file are close to ours (it rounds activations to 8 bits, so not equal)."""
+    from verispec.engine.backends import RunnerConfig, build_runner
+
+    path = str(synthetic["q4_k_m"])
+    ours, theirs = build_runner("torch", RunnerConfig(path)), build_runner("llamacpp", RunnerConfig(path))
+    prompt = list(range(3, 30))
+    a = ours.forward(ours.open(64), prompt).logits[-1]
+    b = theirs.forward(theirs.open(64), prompt).logits[-1]
+    assert torch.corrcoef(torch.stack([a, b]))[0, 1] > 0.99
+
+
+def test_bundled_model_as_blocks_is_bit_identical_to_float32():
+    from verispec.engine.backends import RunnerConfig, build_runner
+
+    blocks = build_runner("torch", RunnerConfig("smollm2-135m", weights_format="gguf"))
+    floats = build_runner("torch", RunnerConfig("smollm2-135m", weights_format="float32"))
+    assert blocks.model.quantised == ["Q4_1", "Q8_0"]
+    prompt = blocks.tokenizer.encode("The printing press changed how ideas spread because")
+    sa, sb = blocks.open(128), floats.open(128)
+    la, lb = blocks.forward(sa, prompt).logits, floats.forward(sb, prompt).logits
+    assert torch.equal(la, lb)
+    for _ in range(3):
+        tok = [int(la[-1].argmax())]
+        la, lb = blocks.forward(sa, tok).logits, floats.forward(sb, tok).logits
+        assert torch.equal(la, lb)
+    assert torch.equal(blocks.forward(sa, prompt[:6], num_logits=6).logits, floats.forward(sb, prompt[:6], num_logits=6).logits)
+
+
+def test_weights_format_gguf_needs_a_gguf_file(tiny_dir):
+    from verispec.engine.backends import RunnerConfig, build_runner
+    from verispec.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="needs a .gguf model"):
+        build_runner("torch", RunnerConfig(str(tiny_dir("llama")), weights_format="gguf"))

@@ -244,7 +244,10 @@ def test_bench_table_per_backend_on_two_models(tmp_path):
         assert data["failed"] == {}  # the llama.cpp peer (in its own process) ran every question
         assert data["bandwidth_gbs"] > 0
         assert set(data["weight_bytes"]) == {"plain", "prompt_lookup", "plain@llamacpp:Q8_0", "prompt_lookup@llamacpp:Q8_0", "llamacpp"}
-        assert data["weight_bytes"]["plain"] > data["weight_bytes"]["plain@llamacpp:Q8_0"] > data["weight_bytes"]["llamacpp"]
+        wb = data["weight_bytes"]
+        # torch keeps the shipped file's blocks (Q4_1, Q4_K_M), as the llama.cpp peer does; Q8_0 is larger
+        assert wb["plain@llamacpp:Q8_0"] > wb["plain"] and wb["plain@llamacpp:Q8_0"] > wb["llamacpp"]
+        assert abs(wb["plain"] - wb["llamacpp"]) < 0.1 * wb["llamacpp"], wb
         assert f"## {model}" in summary
         rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in summary.split(f"## {model}")[1].split("##")[0].splitlines()
                 if line.startswith("| ") and not line.startswith("| backend")}

@@ -91,7 +91,7 @@ def run_profiles(model: str, backends: list[str], out: Path) -> int:
         llm = LLM(model, **family_options(spec))
         profile = measure(llm, model)
         profile.backend = backend
-        profile.weights_format = ("float32" + (", batch_invariant off" if fmt == "fast" else "")) if backend == "torch" else (fmt or "as shipped")
+        profile.weights_format = (llm.runner.weights_format + (", batch_invariant off" if fmt == "fast" else "")) if backend == "torch" else (fmt or "as shipped")
         profile.weight_bytes = llm.runner.weight_bytes
         profile.bandwidth_gbs = bandwidth
         if backend == "torch":

@@ -51,7 +51,8 @@ log = logging.getLogger("verispec")
 WEIGHT_FORMATS = ("Q8_0", "F16", "F32")
 DEFAULT_CONTEXT = 8192  # cells of the shared KV cache unless max_context asks otherwise
 PROBE_ROWS = 32  # probe_invariant_rows checks decodes of 2, 3, ..., this many rows
-BUFFERS = "no extra bufts"  # the weight layout model_params asks for, in the probe and cost-curve keys
+N_UBATCH = 64  # rows llama.cpp computes at once: its compute buffer is sized for this many rows wanting logits
+BUFFERS = f"no extra bufts, n_ubatch {N_UBATCH}"  # weight layout and compute batch, in the probe and cost-curve keys
 
 
 def _llama_cpp():
@@ -129,7 +130,11 @@ class LlamaCppRunner:
         self.max_context = min(config.max_position, max_context or DEFAULT_CONTEXT)
         cp = L.llama_context_default_params()
         cp.n_ctx = self.max_context
-        cp.n_batch = cp.n_ubatch = n_batch
+        # n_ubatch: verification and decoding never put more than invariant_rows (<= PROBE_ROWS) rows
+        # in one decode, prompts go in n_ubatch pieces; the default 512 reserved a compute buffer
+        # for 512 rows of logits (Gemma 3's 262,144-token vocabulary: 512 MiB)
+        cp.n_batch = n_batch
+        cp.n_ubatch = min(n_batch, N_UBATCH)
         cp.n_seq_max = max_sequences
         cp.kv_unified = True  # every sequence may use the whole context
         cp.swa_full = True  # sliding-window layers keep every position, so any rollback is possible

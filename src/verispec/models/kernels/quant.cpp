@@ -11,56 +11,50 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <vector>
+
 namespace {
 
-template <int T, int R>
-void rows_part(const float* x, const uint8_t* w, float* y, int64_t in, int64_t out, int64_t ldy) {
+// outputs [b0 * OB, b1 * OB) of one part for rows x[0..R) (OB: outputs_per_block<R>), or with
+// Tail, the single outputs [b0, b1)
+template <int T, int R, bool Tail>
+void part_range(const float* x, const uint8_t* w, float* y, int64_t in, int64_t ldy, int64_t b0, int64_t b1) {
   constexpr int OB = vs::outputs_per_block<R>();
-  const int64_t rb = vs::row_bytes<T>(in), blocks = out / OB;
-  at::parallel_for(0, blocks, 8, [&](int64_t b0, int64_t b1) {
-    vs::FpMode mode;
-    for (int64_t b = b0; b < b1; ++b) vs::products_q<T, R, OB>(x, w, rb, y, in, ldy, b * OB);
-  });
-  vs::FpMode mode;
-  for (int64_t o = blocks * OB; o < out; ++o) vs::products_q<T, R, 1>(x, w, rb, y, in, ldy, o);
-}
-
-template <int R>
-void rows_f32(const float* x, const uint8_t* wb, float* y, int64_t in, int64_t out, int64_t ldy) {
-  constexpr int OB = vs::outputs_per_block<R>();
-  const float* w = reinterpret_cast<const float*>(wb);
-  const int64_t blocks = out / OB;
-  at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
-    vs::FpMode mode;
-    for (int64_t b = b0; b < b1; ++b) vs::products<R, OB>(x, w, y, in, ldy, b * OB);
-  });
-  vs::FpMode mode;
-  for (int64_t o = blocks * OB; o < out; ++o) vs::products<R, 1>(x, w, y, in, ldy, o);
-}
-
-using PartFn = void (*)(const float*, const uint8_t*, float*, int64_t, int64_t, int64_t);
-
-template <int T>
-constexpr PartFn kPart[9] = {nullptr, rows_part<T, 1>, rows_part<T, 2>, rows_part<T, 3>, rows_part<T, 4>,
-                             rows_part<T, 5>, rows_part<T, 6>, rows_part<T, 7>, rows_part<T, 8>};
-constexpr PartFn kF32[9] = {nullptr, rows_f32<1>, rows_f32<2>, rows_f32<3>, rows_f32<4>, rows_f32<5>, rows_f32<6>, rows_f32<7>, rows_f32<8>};
-
-PartFn part_fn(int64_t type, int R) {
-  switch (type) {
-    case vs::F32: return kF32[R];
-    case vs::F16: return kPart<vs::F16>[R];
-    case vs::BF16: return kPart<vs::BF16>[R];
-    case vs::Q4_0: return kPart<vs::Q4_0>[R];
-    case vs::Q4_1: return kPart<vs::Q4_1>[R];
-    case vs::Q5_0: return kPart<vs::Q5_0>[R];
-    case vs::Q5_1: return kPart<vs::Q5_1>[R];
-    case vs::Q8_0: return kPart<vs::Q8_0>[R];
-    case vs::Q4_K: return kPart<vs::Q4_K>[R];
-    case vs::Q5_K: return kPart<vs::Q5_K>[R];
-    case vs::Q6_K: return kPart<vs::Q6_K>[R];
+  if constexpr (T == vs::F32) {
+    const float* wf = reinterpret_cast<const float*>(w);
+    for (int64_t b = b0; b < b1; ++b) {
+      if constexpr (Tail) vs::products<R, 1>(x, wf, y, in, ldy, b);
+      else vs::products<R, OB>(x, wf, y, in, ldy, b * OB);
+    }
+  } else {
+    const int64_t rb = vs::row_bytes<T>(in);
+    for (int64_t b = b0; b < b1; ++b) {
+      if constexpr (Tail) vs::products_q<T, R, 1>(x, w, rb, y, in, ldy, b);
+      else vs::products_q<T, R, OB>(x, w, rb, y, in, ldy, b * OB);
+    }
   }
+}
+
+using RangeFn = void (*)(const float*, const uint8_t*, float*, int64_t, int64_t, int64_t, int64_t);
+
+template <int T, bool Tail>
+constexpr RangeFn kRange[9] = {nullptr, part_range<T, 1, Tail>, part_range<T, 2, Tail>, part_range<T, 3, Tail>, part_range<T, 4, Tail>,
+                               part_range<T, 5, Tail>, part_range<T, 6, Tail>, part_range<T, 7, Tail>, part_range<T, 8, Tail>};
+
+RangeFn range_fn(int64_t type, int R, bool tail) {
+#define VS_CASE(T) \
+  case T: return tail ? kRange<T, true>[R] : kRange<T, false>[R];
+  switch (type) {
+    VS_CASE(vs::F32) VS_CASE(vs::F16) VS_CASE(vs::BF16) VS_CASE(vs::Q4_0) VS_CASE(vs::Q4_1) VS_CASE(vs::Q5_0)
+    VS_CASE(vs::Q5_1) VS_CASE(vs::Q8_0) VS_CASE(vs::Q4_K) VS_CASE(vs::Q5_K) VS_CASE(vs::Q6_K)
+  }
+#undef VS_CASE
   TORCH_CHECK(false, "weight format ", type, " is not supported (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)");
 }
+
+constexpr int kOB[9] = {0, vs::outputs_per_block<1>(), vs::outputs_per_block<2>(), vs::outputs_per_block<3>(), vs::outputs_per_block<4>(),
+                        vs::outputs_per_block<5>(), vs::outputs_per_block<6>(), vs::outputs_per_block<7>(), vs::outputs_per_block<8>()};
 
 using UnpackFn = void (*)(const uint8_t*, float*, int64_t);
 
@@ -132,18 +126,41 @@ torch::Tensor weight_mm(torch::Tensor x, const Weight& w) {
   TORCH_CHECK(!parts.empty() && parts.size() == types.size(), "weight_mm: one type per part");
   x = x.contiguous();
   const int64_t R = x.size(0), in = x.size(1), out = weight_rows(w);
+  const size_t P = parts.size();
   auto y = torch::empty({R, out}, x.options());
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  int64_t o0 = 0;
-  for (size_t p = 0; p < parts.size(); ++p) {
-    const uint8_t* wp = part_data(parts[p], types[p], in);
-    const int64_t rows = parts[p].size(0);
-    for (int64_t r0 = 0; r0 < R; r0 += 8) {  // 8 rows per pass over the weights
-      const int n = static_cast<int>(R - r0 < 8 ? R - r0 : 8);
-      part_fn(types[p], n)(xp + r0 * in, wp, yp + r0 * out + o0, in, rows, out);
+  std::vector<const uint8_t*> data(P);
+  std::vector<int64_t> first_out(P + 1, 0);
+  for (size_t p = 0; p < P; ++p) {
+    data[p] = part_data(parts[p], types[p], in);
+    first_out[p + 1] = first_out[p] + parts[p].size(0);
+  }
+  for (int64_t r0 = 0; r0 < R; r0 += 8) {  // 8 rows per pass over the weights
+    const int n = static_cast<int>(R - r0 < 8 ? R - r0 : 8);
+    const float* xr = xp + r0 * in;
+    float* yr = yp + r0 * out;
+    // one parallel region over every part's whole output blocks (a fused q/k/v is one region,
+    // not three: each region costs a wake-up and a barrier)
+    std::vector<int64_t> first_block(P + 1, 0);
+    std::vector<RangeFn> fn(P), tail(P);
+    for (size_t p = 0; p < P; ++p) {
+      first_block[p + 1] = first_block[p] + parts[p].size(0) / kOB[n];
+      fn[p] = range_fn(types[p], n, false);
+      tail[p] = range_fn(types[p], n, true);
     }
-    o0 += rows;
+    at::parallel_for(0, first_block[P], 8, [&](int64_t b0, int64_t b1) {
+      vs::FpMode mode;
+      for (size_t p = 0; p < P; ++p) {
+        const int64_t lo = std::max(b0, first_block[p]), hi = std::min(b1, first_block[p + 1]);
+        if (lo < hi) fn[p](xr, data[p], yr + first_out[p], in, out, lo - first_block[p], hi - first_block[p]);
+      }
+    });
+    vs::FpMode mode;
+    for (size_t p = 0; p < P; ++p) {
+      const int64_t rows = parts[p].size(0), done = rows / kOB[n] * kOB[n];
+      if (done < rows) tail[p](xr, data[p], yr + first_out[p], in, out, done, rows);
+    }
   }
   return y;
 }

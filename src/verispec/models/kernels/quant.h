@@ -184,10 +184,12 @@ VS_ALWAYS_INLINE inline void each_k(const uint8_t* b, F&& f) {
   const uint8_t* qh = b + 16;
   const uint8_t* qs = b + (Five ? 48 : 16);
   const V sixteen = set1(16.0f);
+#pragma GCC unroll 4
   for (int c = 0; c < 4; ++c) {
     const B16 q0 = bytes16(qs + 32 * c), q1 = bytes16(qs + 32 * c + 16);
     B16 h0{}, h1{};
     if (Five) h0 = bytes16(qh), h1 = bytes16(qh + 16);
+#pragma GCC unroll 2
     for (int half = 0; half < 2; ++half) {
       int sc, m;
       scale_min_k4(2 * c + half, scales, sc, m);
@@ -230,13 +232,12 @@ struct Format<Q6_K> {  // ql[128], qh[64], scales[16] (int8), d: w = (d * sc_(i 
     const uint8_t* qh = b + 128;
     const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
     const float d = half_at(b + 208);
-    const V sixteen = set1(16.0f), offset = set1(32.0f);
     auto run = [&](int i, B16 a, B16 z, int shift, B16 h0, B16 h1, int hshift) VS_ALWAYS_INLINE {
-      const V qa = sub(add(bits(a, shift, 15), mul(bits(h0, hshift, 3), sixteen)), offset);
-      const V qz = sub(add(bits(z, shift, 15), mul(bits(h1, hshift, 3), sixteen)), offset);
+      const V qa = q6(a, shift, h0, hshift), qz = q6(z, shift, h1, hshift);  // q - 32, composed in integers
       f(i, mul(set1(d * static_cast<float>(sc[i / 16])), qa));
       f(i + 16, mul(set1(d * static_cast<float>(sc[i / 16 + 1])), qz));
     };
+#pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
       const uint8_t* l = ql + 64 * h;
       const B16 h0 = bytes16(qh + 32 * h), h1 = bytes16(qh + 32 * h + 16);
@@ -278,14 +279,30 @@ inline void products_q(const float* __restrict x, const uint8_t* __restrict w, i
     for (int r = 0; r < R; ++r) acc[b][r] = zero();
   for (int64_t k = 0; k < in / E; ++k) {
     const float* xk = x + k * E;
-    for (int b = 0; b < OB; ++b) {
-      V* ab = acc[b];
-      const uint8_t* blk = w + (o0 + b) * rb + k * B;
-      // the same block of the next outputs' rows (the memory stalls were on each block's first byte)
-      for (int p = 0; p < B; p += 64) prefetch(reinterpret_cast<const float*>(blk + OB * rb + p));
-      Format<T>::each(blk, [&](int j, V wv) VS_ALWAYS_INLINE {
-        for (int r = 0; r < R; ++r) ab[r] = fmadd(wv, load(xk + r * in + j), ab[r]);
-      });
+    if constexpr (E == 32) {  // small blocks: the outputs' loop unrolled, every accumulator in a register
+#pragma GCC unroll 8
+      for (int b = 0; b < OB; ++b) {
+        V* ab = acc[b];
+        const uint8_t* blk = w + (o0 + b) * rb + k * B;
+        // the same block of the next outputs' rows (the memory stalls were on each block's first byte)
+        prefetch(reinterpret_cast<const float*>(blk + OB * rb));
+        Format<T>::each(blk, [&](int j, V wv) VS_ALWAYS_INLINE {
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) ab[r] = fmadd(wv, load(xk + r * in + j), ab[r]);
+        });
+      }
+    } else {  // 256-weight blocks: one output at a time, its accumulators copied into registers
+      for (int b = 0; b < OB; ++b) {
+        V a[R];
+        for (int r = 0; r < R; ++r) a[r] = acc[b][r];
+        const uint8_t* blk = w + (o0 + b) * rb + k * B;
+        for (int p = 0; p < B; p += 64) prefetch(reinterpret_cast<const float*>(blk + OB * rb + p));
+        Format<T>::each(blk, [&](int j, V wv) VS_ALWAYS_INLINE {
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) a[r] = fmadd(wv, load(xk + r * in + j), a[r]);
+        });
+        for (int r = 0; r < R; ++r) acc[b][r] = a[r];
+      }
     }
   }
   for (int b = 0; b < OB; ++b)

@@ -96,6 +96,15 @@ inline V lookup32(V lo, V hi, B16 b, int shift, B16 h, int hshift) {
   const __m512i i = _mm512_srl_epi32(b.v, _mm_cvtsi32_si128(shift));
   return {_mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(i, lo.v), m, i, hi.v)};
 }
+// 6-bit quants: lanes (((a >> shift) & 15) | (((h >> hshift) & 3) << 4)) - 32 as floats
+inline __m512i shift_to4(__m512i h, int hshift) {  // bits hshift, hshift + 1 of h to bits 4, 5
+  return hshift <= 4 ? _mm512_sll_epi32(h, _mm_cvtsi32_si128(4 - hshift)) : _mm512_srl_epi32(h, _mm_cvtsi32_si128(hshift - 4));
+}
+inline V q6(B16 a, int shift, B16 h, int hshift) {
+  const __m512i lo = _mm512_srl_epi32(a.v, _mm_cvtsi32_si128(shift));
+  const __m512i q = _mm512_and_si512(_mm512_ternarylogic_epi32(lo, shift_to4(h.v, hshift), _mm512_set1_epi32(0x0F), 0xE4), _mm512_set1_epi32(0x3F));
+  return {_mm512_cvtepi32_ps(_mm512_sub_epi32(q, _mm512_set1_epi32(32)))};
+}
 
 #elif defined(VERISPEC_AVX2)
 constexpr const char* kVariant = "avx2";
@@ -171,6 +180,13 @@ inline V lookup32(V lo, V hi, B16 b, int shift, B16 h, int hshift) {
   const __m128i sh = _mm_cvtsi32_si128(31 - hshift);
   return {pick8(a.lo, z.lo, _mm256_sll_epi32(h.lo, sh)), pick8(a.hi, z.hi, _mm256_sll_epi32(h.hi, sh))};
 }
+inline __m256 q6_8(__m256i a, int shift, __m256i h, int hshift) {
+  const __m256i lo = _mm256_and_si256(_mm256_srl_epi32(a, _mm_cvtsi32_si128(shift)), _mm256_set1_epi32(0x0F));
+  const __m256i hb = _mm256_and_si256(hshift <= 4 ? _mm256_sll_epi32(h, _mm_cvtsi32_si128(4 - hshift)) : _mm256_srl_epi32(h, _mm_cvtsi32_si128(hshift - 4)),
+                                      _mm256_set1_epi32(0x30));
+  return _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(lo, hb), _mm256_set1_epi32(32)));
+}
+inline V q6(B16 a, int shift, B16 h, int hshift) { return {q6_8(a.lo, shift, h.lo, hshift), q6_8(a.hi, shift, h.hi, hshift)}; }
 
 #elif defined(VERISPEC_NEON)
 constexpr const char* kVariant = "neon";
@@ -254,6 +270,11 @@ inline V lookup32(V lo, V hi, B16 b, int shift, B16 h, int hshift) {
   for (int i = 0; i < 16; ++i) r[i] = ((h.b[i] >> hshift) & 1) ? th[(b.b[i] >> shift) & 15] : tl[(b.b[i] >> shift) & 15];
   return load(r);
 }
+inline V q6(B16 a, int shift, B16 h, int hshift) {
+  float r[16];
+  for (int i = 0; i < 16; ++i) r[i] = static_cast<float>((((a.b[i] >> shift) & 15) | (((h.b[i] >> hshift) & 3) << 4)) - 32);
+  return load(r);
+}
 
 #else  // VERISPEC_SCALAR
 constexpr const char* kVariant = "scalar";
@@ -302,6 +323,7 @@ inline V lookup32(V lo, V hi, B16 b, int shift, uint32_t bits) { VS_EACH(((bits 
 inline V lookup32(V lo, V hi, B16 b, int shift, B16 h, int hshift) {
   VS_EACH(((h.b[i] >> hshift) & 1) ? hi.l[(b.b[i] >> shift) & 15] : lo.l[(b.b[i] >> shift) & 15]);
 }
+inline V q6(B16 a, int shift, B16 h, int hshift) { VS_EACH(static_cast<float>((((a.b[i] >> shift) & 15) | (((h.b[i] >> hshift) & 3) << 4)) - 32)); }
 #undef VS_EACH
 #endif
 

@@ -63,6 +63,17 @@ inline float bf16_at(const uint8_t* p) {
   return f;
 }
 
+// 0.0f .. 63.0f and -128.0f .. 127.0f: 6-bit and int8 scales as floats by a load (a scalar int-to-float conversion carries a false
+// dependency on its destination register and stalled the K-quant loops)
+struct SmallFloats {
+  float v[64], s8[256];  // s8[i + 128] = i for int8 i
+  constexpr SmallFloats() : v(), s8() {
+    for (int i = 0; i < 64; ++i) v[i] = static_cast<float>(i);
+    for (int i = 0; i < 256; ++i) s8[i] = static_cast<float>(i - 128);
+  }
+};
+inline constexpr SmallFloats kSmall{};
+
 // Q4_K / Q5_K: the 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes
 inline void scale_min_k4(int j, const uint8_t* q, int& sc, int& m) {
   if (j < 4) {
@@ -193,7 +204,7 @@ VS_ALWAYS_INLINE inline void each_k(const uint8_t* b, F&& f) {
     for (int half = 0; half < 2; ++half) {
       int sc, m;
       scale_min_k4(2 * c + half, scales, sc, m);
-      const V ds = set1(d * static_cast<float>(sc)), ms = set1(dmin * static_cast<float>(m));
+      const V ds = set1(d * kSmall.v[sc]), ms = set1(dmin * kSmall.v[m]);
       const V lo = sub(mul(ds, iota()), ms);  // the sub-block's possible weights
       if (Five) {
         const V hi = sub(mul(ds, add(iota(), sixteen)), ms);
@@ -234,8 +245,8 @@ struct Format<Q6_K> {  // ql[128], qh[64], scales[16] (int8), d: w = (d * sc_(i 
     const float d = half_at(b + 208);
     auto run = [&](int i, B16 a, B16 z, int shift, B16 h0, B16 h1, int hshift) VS_ALWAYS_INLINE {
       const V qa = q6(a, shift, h0, hshift), qz = q6(z, shift, h1, hshift);  // q - 32, composed in integers
-      f(i, mul(set1(d * static_cast<float>(sc[i / 16])), qa));
-      f(i + 16, mul(set1(d * static_cast<float>(sc[i / 16 + 1])), qz));
+      f(i, mul(set1(d * kSmall.s8[sc[i / 16] + 128]), qa));
+      f(i + 16, mul(set1(d * kSmall.s8[sc[i / 16 + 1] + 128]), qz));
     };
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {

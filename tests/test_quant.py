@@ -189,3 +189,28 @@ def test_weights_format_gguf_needs_a_gguf_file(tiny_dir):
 
     with pytest.raises(ConfigError, match="needs a .gguf model"):
         build_runner("torch", RunnerConfig(str(tiny_dir("llama")), weights_format="gguf"))
+
+
+def test_later_loads_read_the_cached_metadata_not_the_file(tmp_path, monkeypatch):
+    """The first load parses the GGUF's metadata with gguf-py; later loads (either backend's) use
+    the cached config, tokenizer and tensor table, and a rewritten file is read afresh."""
+    import gguf
+
+    from verispec.models import loaders
+    from verispec.models.loaders import load_gguf_blocks, load_gguf_meta
+
+    monkeypatch.setattr(loaders, "cache_root", lambda: tmp_path / "cache")  # the metadata cache only
+    path = write(tmp_path / "m.gguf", SIZES["tiny"], "q4_1", seed=5, progress=False)
+    first = load_gguf_blocks(path)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("gguf-py's reader was called on a cached file")
+
+    monkeypatch.setattr(gguf, "GGUFReader", refuse)
+    again = load_gguf_blocks(path)
+    assert again.config == first.config and again.tokenizer.encode("w1 w2") == first.tokenizer.encode("w1 w2")
+    assert torch.equal(again.weights["layers.1.qkv.weight"].dequantize(), first.weights["layers.1.qkv.weight"].dequantize())
+    assert load_gguf_meta(path)[0] == first.config
+    write(path, SIZES["tiny"], "q8_0", seed=6, progress=False)  # the same path, new contents
+    with pytest.raises(UnsupportedModelError, match="reader was called"):
+        load_gguf_blocks(path)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The kernel arithmetic (models/kernels/ops.h) built as every variant, AArch64 NEON included
+# The kernel arithmetic (models/kernels/ops.h, quant.h: GGUF block unpacking and products) built as every variant, AArch64 NEON included
 # (cross-compiled, run under qemu-user), on the same inputs: every output must be bit-identical.
 # Needs g++-aarch64-linux-gnu and qemu-user (Debian packages); prints one line per variant.
 set -euo pipefail
@@ -9,8 +9,8 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 flags=(-O3 -std=c++17 -ffp-contract=off -fno-fast-math -I "$k")
 g++ "${flags[@]}" -DVERISPEC_SCALAR "$here/kernel_harness.cpp" -o "$tmp/scalar" && "$tmp/scalar" > "$tmp/scalar.txt"
-g++ "${flags[@]}" -DVERISPEC_AVX2 -mavx2 -mfma "$here/kernel_harness.cpp" -o "$tmp/avx2"
-g++ "${flags[@]}" -DVERISPEC_AVX512 -mavx512f -mavx2 -mfma "$here/kernel_harness.cpp" -o "$tmp/avx512"
+g++ "${flags[@]}" -DVERISPEC_AVX2 -mavx2 -mfma -mf16c "$here/kernel_harness.cpp" -o "$tmp/avx2"
+g++ "${flags[@]}" -DVERISPEC_AVX512 -mavx512f -mavx2 -mfma -mf16c "$here/kernel_harness.cpp" -o "$tmp/avx512"
 aarch64-linux-gnu-g++ "${flags[@]}" -static -DVERISPEC_NEON "$here/kernel_harness.cpp" -o "$tmp/neon"
 aarch64-linux-gnu-g++ "${flags[@]}" -static -DVERISPEC_SCALAR "$here/kernel_harness.cpp" -o "$tmp/scalar-arm"
 status=0

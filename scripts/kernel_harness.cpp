@@ -1,5 +1,6 @@
-// Torch-free check of the kernel arithmetic (models/kernels/ops.h) for one variant: runs dot,
-// products, attention, rmsnorm and both activations on fixed pseudo-random inputs and prints
+// Torch-free check of the kernel arithmetic (models/kernels/ops.h, quant.h) for one variant: runs
+// dot, products, attention, rmsnorm, both activations, and the unpacking of and products over every
+// GGUF block format on fixed pseudo-random inputs and prints
 // every result's bits, so that builds of different variants (including NEON under qemu) can be
 // compared with `cmp`. Built and run by scripts/check_variants_cross.sh.
 #include <cstdio>
@@ -7,11 +8,16 @@
 #include <vector>
 
 #include "ops.h"
+#include "quant.h"
 
 static unsigned state = 12345u;
 static float next() {  // uniform-ish in [-2, 2), exact in float
   state = state * 1664525u + 1013904223u;
   return static_cast<float>(static_cast<int>(state >> 9) - (1 << 22)) / static_cast<float>(1 << 21);
+}
+static unsigned rnd() {  // 24 random bits
+  state = state * 1664525u + 1013904223u;
+  return state >> 8;
 }
 static void out(const float* p, int n) {
   for (int i = 0; i < n; ++i) {
@@ -19,6 +25,42 @@ static void out(const float* p, int n) {
     std::memcpy(&b, p + i, 4);
     std::printf("%08x\n", b);
   }
+}
+
+// random blocks of format T: random bytes, then sane float16 scales where the format keeps them
+template <int T>
+static void check_format(const std::vector<float>& x, int R) {
+  constexpr int E = vs::Format<T>::kElems, B = vs::Format<T>::kBytes;
+  const int in = 2 * 256, outs = 11, nb = in / E;
+  std::vector<uint8_t> w(outs * nb * B);
+  for (auto& b : w) b = static_cast<uint8_t>(rnd() & 0xFF);
+  auto f16 = [&](uint8_t* p) {  // 2^-5 .. 2^-4 with a random mantissa, random sign
+    const unsigned h = 0x2800u | (rnd() & 0x3FF) | ((rnd() & 1) << 15);
+    p[0] = h & 0xFF;
+    p[1] = h >> 8;
+  };
+  for (int blk = 0; blk < outs * nb; ++blk) {
+    uint8_t* b = w.data() + blk * B;
+    if (T == vs::Q4_0 || T == vs::Q5_0 || T == vs::Q8_0) f16(b);
+    if (T == vs::Q4_1 || T == vs::Q5_1 || T == vs::Q4_K || T == vs::Q5_K) { f16(b); f16(b + 2); }
+    if (T == vs::Q6_K) f16(b + 208);
+    if (T == vs::F16) for (int i = 0; i < E; ++i) f16(b + 2 * i);
+    if (T == vs::BF16)  // finite values (NaN payloads are not part of the arithmetic's promise)
+      for (int i = 0; i < E; ++i) {
+        const unsigned h = 0x3C00u | (rnd() & 0xFF) | ((rnd() & 1) << 15);
+        b[2 * i] = h & 0xFF;
+        b[2 * i + 1] = h >> 8;
+      }
+  }
+  const int64_t rb = nb * B;
+  std::vector<float> row(in), y(R * outs);
+  for (int o = 0; o < outs; ++o) {
+    vs::unpack_row<T>(w.data() + o * rb, row.data(), in);
+    out(row.data(), in);
+  }
+  for (int o = 0; o + 2 <= outs; o += 2) vs::products_q<T, 3, 2>(x.data(), w.data(), rb, y.data(), in, outs, o);
+  vs::products_q<T, 3, 1>(x.data(), w.data(), rb, y.data(), in, outs, outs - 1);
+  out(y.data(), 3 * outs);
 }
 
 int main() {
@@ -47,5 +89,17 @@ int main() {
   out(m.data(), 50);
   vs::rmsnorm(g.data(), u.data(), n.data(), 50, 1e-6f);
   out(n.data(), 50);
+  std::vector<float> xq(3 * 512);
+  for (auto& a : xq) a = next();
+  check_format<vs::F16>(xq, 3);
+  check_format<vs::BF16>(xq, 3);
+  check_format<vs::Q4_0>(xq, 3);
+  check_format<vs::Q4_1>(xq, 3);
+  check_format<vs::Q5_0>(xq, 3);
+  check_format<vs::Q5_1>(xq, 3);
+  check_format<vs::Q8_0>(xq, 3);
+  check_format<vs::Q4_K>(xq, 3);
+  check_format<vs::Q5_K>(xq, 3);
+  check_format<vs::Q6_K>(xq, 3);
   return 0;
 }

@@ -214,3 +214,41 @@ def test_later_loads_read_the_cached_metadata_not_the_file(tmp_path, monkeypatch
     write(path, SIZES["tiny"], "q8_0", seed=6, progress=False)  # the same path, new contents
     with pytest.raises(UnsupportedModelError, match="reader was called"):
         load_gguf_blocks(path)
+
+
+def test_a_format_the_kernels_lack_falls_back_to_float32(tmp_path, caplog):
+    """A GGUF with a tensor the row-wise kernels do not unpack (Q2_K here): the default loads it
+    dequantised to float32 (with a warning) and runs; asking for its blocks is refused clearly."""
+    import gguf
+
+    from verispec.engine.backends import RunnerConfig, build_runner
+    from verispec.errors import UnsupportedWeightFormatError
+
+    path = write(tmp_path / "m.gguf", SIZES["tiny"], "q8_0", seed=7, progress=False)
+    reader = gguf.GGUFReader(str(path))
+    w = gguf.GGUFWriter(str(tmp_path / "q2k.gguf"), "llama")
+    for field in reader.fields.values():  # the same metadata
+        if field.name.startswith(("GGUF.", "general.architecture")):
+            continue
+        w.add_key_value(field.name, field.contents(), field.types[0], field.types[-1] if len(field.types) > 1 else None)
+    rng = np.random.default_rng(0)
+    for t in reader.tensors:
+        if t.name == "blk.0.ffn_up.weight":  # Q2_K: 84 bytes per 256 weights, random, with small scales
+            rows, cols = int(t.shape[1]), int(t.shape[0])
+            raw = rng.integers(0, 256, size=(rows, cols // 256, 84), dtype=np.uint8)
+            raw[:, :, 80:84] = np.frombuffer(np.full(rows * cols // 256 * 2, 0.001, np.float16).tobytes(), np.uint8).reshape(rows, cols // 256, 4)
+            w.add_tensor(t.name, raw.reshape(rows, -1), raw_shape=(rows, cols // 256 * 84), raw_dtype=gguf.GGMLQuantizationType.Q2_K)
+        else:
+            w.add_tensor(t.name, np.array(t.data), raw_shape=tuple(t.data.shape), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    q2k = str(tmp_path / "q2k.gguf")
+    with caplog.at_level("WARNING", logger="verispec"):
+        runner = build_runner("torch", RunnerConfig(q2k))
+    assert runner.weights_format == "float32" and "Q2_K" in caplog.text
+    logits = runner.forward(runner.open(32), [1, 5, 9]).logits
+    assert torch.isfinite(logits).all()
+    with pytest.raises(UnsupportedWeightFormatError, match="do not unpack"):
+        build_runner("torch", RunnerConfig(q2k, weights_format="gguf"))

@@ -17,6 +17,10 @@ class UnsupportedModelError(VerispecError):
     """A model file or config whose architecture or format we do not implement."""
 
 
+class UnsupportedWeightFormatError(UnsupportedModelError):
+    """A GGUF tensor in a format the row-wise kernels do not unpack (the float32 path may read it)."""
+
+
 class ContextLengthError(VerispecError):
     """Prompt plus max_tokens (plus draft headroom) does not fit the model's context."""
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from verispec.errors import ModelNotFoundError, UnsupportedModelError
+from verispec.errors import ModelNotFoundError, UnsupportedModelError, UnsupportedWeightFormatError
 from verispec.models.config import FULL, SLIDING, ModelConfig, RopeConfig, config_from_hf
 from verispec.models.tokenizer import Tokenizer
 
@@ -220,8 +220,11 @@ def load_gguf_blocks(path: Path) -> LoadedModel:
         for i, name in enumerate(names):
             data, type_, width = rows_of(name)
             if type_ not in FORMATS:
-                raise UnsupportedModelError(
-                    f"GGUF tensor {name} has type {type_}, which the row-wise kernels do not unpack (they do "
+                import gguf
+
+                kind = gguf.GGMLQuantizationType(type_).name if type_ in gguf.GGMLQuantizationType._value2member_map_ else f"type {type_}"
+                raise UnsupportedWeightFormatError(
+                    f"GGUF tensor {name} is {kind}, a format the row-wise kernels do not unpack (they do "
                     f"{', '.join(n for n, _, _ in FORMATS.values())}); load it as float32 (weights_format='float32')")
             n_head = heads[i] if i < len(heads) else None
             if n_head:  # llama.cpp's q/k row order -> ours: a permutation of whole rows of blocks

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from verispec.engine.backends import RunnerConfig, register_backend
 from verispec.engine.runner import TorchRunner
-from verispec.errors import ConfigError
+from verispec.errors import ConfigError, UnsupportedWeightFormatError
 
+log = logging.getLogger("verispec")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -29,8 +32,16 @@ def build(config: RunnerConfig) -> TorchRunner:
     if fmt == "gguf" and (not gguf or dtype != torch.float32 or rowwise.kernel() is None):
         raise ConfigError("weights_format 'gguf' needs a .gguf model, dtype float32 and the row-wise kernels "
                           f"(model {path.name}, dtype {config.dtype}, kernels {'on' if rowwise.kernel() else 'off'})")
-    if fmt is None:  # the file's blocks wherever the kernels can multiply by them
+    auto = fmt is None
+    if auto:  # the file's blocks wherever the kernels can multiply by them
         fmt = "gguf" if gguf and dtype == torch.float32 and rowwise.kernel() is not None else "float32"
-    loaded = load_model(config.model, blocks=fmt == "gguf")
+    try:
+        loaded = load_model(config.model, blocks=fmt == "gguf")
+    except UnsupportedWeightFormatError as e:
+        if not auto:
+            raise
+        log.warning("%s; dequantising this model to float32 instead (weights_format='float32')", e)
+        fmt = "float32"
+        loaded = load_model(config.model, blocks=False)
     return TorchRunner(loaded.config, loaded.weights, loaded.tokenizer, dtype=dtype, max_context=config.max_context,
                        batch_invariant=config.batch_invariant, source=file_key(path), weights_format=fmt)

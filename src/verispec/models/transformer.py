@@ -138,15 +138,12 @@ def _project(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None)
     A QuantTensor (GGUF blocks): the kernel's product over its blocks, each value what the float32
     product over the dequantised matrix gives; for a prompt, the matrix dequantised for this one
     product (a buffer freed after it) and F.linear."""
-    if isinstance(w, QuantTensor):
-        if x.shape[0] >= 48:
-            return F.linear(x, w.dequantize(), bias)
-        y = rowwise.kernel().weight_mm(x.float().contiguous(), w.arg)
-        return (y + bias) if bias is not None else y
+    quant = isinstance(w, QuantTensor)
     if x.shape[0] >= 48:  # prompt processing: MKL's usual GEMM is faster here (~25% at 64+ rows)
-        return F.linear(x, w, bias)
-    if x.dtype == torch.float32 and w.dtype == torch.float32 and w.device.type == "cpu" and w.is_contiguous() and (k := rowwise.kernel()) is not None:
-        y = k.rows_mm(x, w)
+        return F.linear(x, w.dequantize() if quant else w, bias)
+    if (quant or (x.dtype == torch.float32 and w.dtype == torch.float32 and w.device.type == "cpu" and w.is_contiguous())) \
+            and (k := rowwise.kernel()) is not None:
+        y = k.weight_mm(x, _kernel_weight(w))
         return (y + bias) if bias is not None else y
     if x.shape[0] == 1:
         y = torch.mm(w, torch.cat([x, x]).t())[:, :1].t()

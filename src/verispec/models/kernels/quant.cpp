@@ -42,72 +42,42 @@ template <int T, bool Tail>
 constexpr RangeFn kRange[9] = {nullptr, part_range<T, 1, Tail>, part_range<T, 2, Tail>, part_range<T, 3, Tail>, part_range<T, 4, Tail>,
                                part_range<T, 5, Tail>, part_range<T, 6, Tail>, part_range<T, 7, Tail>, part_range<T, 8, Tail>};
 
-RangeFn range_fn(int64_t type, int R, bool tail) {
-#define VS_CASE(T) \
-  case T: return tail ? kRange<T, true>[R] : kRange<T, false>[R];
-  switch (type) {
-    VS_CASE(vs::F32) VS_CASE(vs::F16) VS_CASE(vs::BF16) VS_CASE(vs::Q4_0) VS_CASE(vs::Q4_1) VS_CASE(vs::Q5_0)
-    VS_CASE(vs::Q5_1) VS_CASE(vs::Q8_0) VS_CASE(vs::Q4_K) VS_CASE(vs::Q5_K) VS_CASE(vs::Q6_K)
-  }
-#undef VS_CASE
-  TORCH_CHECK(false, "weight format ", type, " is not supported (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)");
+constexpr const char* kFormats = "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K";
+
+// a format's properties, read from its vs::Format<T>: weights and bytes per block, the range and
+// tail products for R rows, the row unpacking (none for F32)
+struct Props {
+  int64_t elems = 0, bytes = 0;
+  RangeFn range[9] = {}, tail[9] = {};
+  void (*unpack)(const uint8_t*, float*, int64_t) = nullptr;
+};
+
+Props props(int64_t type) {
+  Props p;
+  const bool known = vs::with_format(type, [&](auto t) {
+    constexpr int T = decltype(t)::value;
+    p.elems = vs::Format<T>::kElems;
+    p.bytes = vs::Format<T>::kBytes;
+    for (int R = 1; R <= 8; ++R) p.range[R] = kRange<T, false>[R], p.tail[R] = kRange<T, true>[R];
+    if constexpr (T != vs::F32) p.unpack = vs::unpack_row<T>;
+  });
+  TORCH_CHECK(known, "weight format ", type, " is not supported (", kFormats, ")");
+  return p;
 }
 
 constexpr int kOB[9] = {0, vs::outputs_per_block<1>(), vs::outputs_per_block<2>(), vs::outputs_per_block<3>(), vs::outputs_per_block<4>(),
                         vs::outputs_per_block<5>(), vs::outputs_per_block<6>(), vs::outputs_per_block<7>(), vs::outputs_per_block<8>()};
 
-using UnpackFn = void (*)(const uint8_t*, float*, int64_t);
-
-UnpackFn unpack_fn(int64_t type) {
-  switch (type) {
-    case vs::F16: return vs::unpack_row<vs::F16>;
-    case vs::BF16: return vs::unpack_row<vs::BF16>;
-    case vs::Q4_0: return vs::unpack_row<vs::Q4_0>;
-    case vs::Q4_1: return vs::unpack_row<vs::Q4_1>;
-    case vs::Q5_0: return vs::unpack_row<vs::Q5_0>;
-    case vs::Q5_1: return vs::unpack_row<vs::Q5_1>;
-    case vs::Q8_0: return vs::unpack_row<vs::Q8_0>;
-    case vs::Q4_K: return vs::unpack_row<vs::Q4_K>;
-    case vs::Q5_K: return vs::unpack_row<vs::Q5_K>;
-    case vs::Q6_K: return vs::unpack_row<vs::Q6_K>;
-  }
-  TORCH_CHECK(false, "weight format ", type, " is not supported");
-}
-
-int64_t elems(int64_t type) {
-  switch (type) {
-    case vs::F32: return 1;
-    case vs::Q4_K: case vs::Q5_K: case vs::Q6_K: return 256;
-    default: return 32;
-  }
-}
-
-int64_t block_bytes(int64_t type) {
-  switch (type) {
-    case vs::F32: return 4;
-    case vs::F16: case vs::BF16: return 64;
-    case vs::Q4_0: return 18;
-    case vs::Q4_1: return 20;
-    case vs::Q5_0: return 22;
-    case vs::Q5_1: return 24;
-    case vs::Q8_0: return 34;
-    case vs::Q4_K: return 144;
-    case vs::Q5_K: return 176;
-    case vs::Q6_K: return 210;
-  }
-  TORCH_CHECK(false, "weight format ", type, " is not supported");
-}
-
-// the checked part p of a weight over `in` columns: its rows and bytes
-const uint8_t* part_data(const torch::Tensor& t, int64_t type, int64_t in) {
+// the checked part of a weight over `in` columns, of format `type` (its properties f): its bytes
+const uint8_t* part_data(const torch::Tensor& t, int64_t type, const Props& f, int64_t in) {
   TORCH_CHECK(t.device().is_cpu() && t.dim() == 2 && t.is_contiguous(), "weight parts: contiguous 2-D CPU tensors");
-  TORCH_CHECK(in % elems(type) == 0, "weight format ", type, ": ", in, " columns are not whole blocks of ", elems(type));
+  TORCH_CHECK(in % f.elems == 0, "weight format ", type, ": ", in, " columns are not whole blocks of ", f.elems);
   if (type == vs::F32) {
     TORCH_CHECK(t.scalar_type() == at::kFloat && t.size(1) == in, "a float32 part must be [rows, ", in, "], got ", t.sizes());
     return reinterpret_cast<const uint8_t*>(t.data_ptr<float>());
   }
-  TORCH_CHECK(t.scalar_type() == at::kByte && t.size(1) == in / elems(type) * block_bytes(type),
-              "a part of format ", type, " over ", in, " columns must be uint8 [rows, ", in / elems(type) * block_bytes(type), "], got ",
+  TORCH_CHECK(t.scalar_type() == at::kByte && t.size(1) == in / f.elems * f.bytes,
+              "a part of format ", type, " over ", in, " columns must be uint8 [rows, ", in / f.elems * f.bytes, "], got ",
               t.scalar_type(), " ", t.sizes());
   return t.data_ptr<uint8_t>();
 }
@@ -130,10 +100,12 @@ torch::Tensor weight_mm(torch::Tensor x, const Weight& w) {
   auto y = torch::empty({R, out}, x.options());
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
+  std::vector<Props> f(P);
   std::vector<const uint8_t*> data(P);
   std::vector<int64_t> first_out(P + 1, 0);
   for (size_t p = 0; p < P; ++p) {
-    data[p] = part_data(parts[p], types[p], in);
+    f[p] = props(types[p]);
+    data[p] = part_data(parts[p], types[p], f[p], in);
     first_out[p + 1] = first_out[p] + parts[p].size(0);
   }
   for (int64_t r0 = 0; r0 < R; r0 += 8) {  // 8 rows per pass over the weights
@@ -143,23 +115,18 @@ torch::Tensor weight_mm(torch::Tensor x, const Weight& w) {
     // one parallel region over every part's whole output blocks (a fused q/k/v is one region,
     // not three: each region costs a wake-up and a barrier)
     std::vector<int64_t> first_block(P + 1, 0);
-    std::vector<RangeFn> fn(P), tail(P);
-    for (size_t p = 0; p < P; ++p) {
-      first_block[p + 1] = first_block[p] + parts[p].size(0) / kOB[n];
-      fn[p] = range_fn(types[p], n, false);
-      tail[p] = range_fn(types[p], n, true);
-    }
+    for (size_t p = 0; p < P; ++p) first_block[p + 1] = first_block[p] + parts[p].size(0) / kOB[n];
     at::parallel_for(0, first_block[P], 8, [&](int64_t b0, int64_t b1) {
       vs::FpMode mode;
       for (size_t p = 0; p < P; ++p) {
         const int64_t lo = std::max(b0, first_block[p]), hi = std::min(b1, first_block[p + 1]);
-        if (lo < hi) fn[p](xr, data[p], yr + first_out[p], in, out, lo - first_block[p], hi - first_block[p]);
+        if (lo < hi) f[p].range[n](xr, data[p], yr + first_out[p], in, out, lo - first_block[p], hi - first_block[p]);
       }
     });
     vs::FpMode mode;
     for (size_t p = 0; p < P; ++p) {
       const int64_t rows = parts[p].size(0), done = rows / kOB[n] * kOB[n];
-      if (done < rows) tail[p](xr, data[p], yr + first_out[p], in, out, done, rows);
+      if (done < rows) f[p].tail[n](xr, data[p], yr + first_out[p], in, out, done, rows);
     }
   }
   return y;
@@ -172,12 +139,13 @@ torch::Tensor dequantize(const Weight& w, int64_t in) {
   float* op = out.data_ptr<float>();
   int64_t o0 = 0;
   for (size_t p = 0; p < parts.size(); ++p) {
-    const uint8_t* wp = part_data(parts[p], types[p], in);
+    const Props f = props(types[p]);
+    const uint8_t* wp = part_data(parts[p], types[p], f, in);
     const int64_t rows = parts[p].size(0);
     if (types[p] == vs::F32) {
       out.narrow(0, o0, rows).copy_(parts[p]);
     } else {
-      const UnpackFn unpack = unpack_fn(types[p]);
+      const auto unpack = f.unpack;
       const int64_t rb = parts[p].size(1);
       at::parallel_for(0, rows, 64, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) unpack(wp + r * rb, op + (o0 + r) * in, in);
@@ -201,12 +169,13 @@ torch::Tensor take_rows(const Weight& w, int64_t in, torch::Tensor ids) {
     TORCH_CHECK(r >= 0 && r < total, "take_rows: id ", r, " out of range [0, ", total, ")");
     size_t p = 0;
     while (r >= parts[p].size(0)) r -= parts[p++].size(0);
-    const uint8_t* wp = part_data(parts[p], types[p], in);
+    const Props f = props(types[p]);
+    const uint8_t* wp = part_data(parts[p], types[p], f, in);
     float* o = out.data_ptr<float>() + i * in;
     if (types[p] == vs::F32) {
       std::memcpy(o, reinterpret_cast<const float*>(wp) + r * in, in * sizeof(float));
     } else {
-      unpack_fn(types[p])(wp + r * parts[p].size(1), o, in);
+      f.unpack(wp + r * parts[p].size(1), o, in);
     }
   }
   return out;

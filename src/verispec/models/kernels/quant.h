@@ -12,6 +12,8 @@
 // qs: low 4 bits, two to a byte; qh: high bits).
 #pragma once
 
+#include <type_traits>
+
 #include "ops.h"
 
 namespace vs {
@@ -92,6 +94,11 @@ inline void scale_min_k4(int j, const uint8_t* q, int& sc, int& m) {
 // Q8_0 compose their integers in float lanes (small integers, so exactly) and scale them.
 template <int T>
 struct Format;
+
+template <>
+struct Format<F32> {  // plain float32 rows (ops.h's products): no unpacking
+  static constexpr int kElems = 1, kBytes = 4;
+};
 
 template <>
 struct Format<F16> {
@@ -261,6 +268,19 @@ struct Format<Q6_K> {  // ql[128], qh[64], scales[16] (int8), d: w = (d * sc_(i 
     }
   }
 };
+
+// f(std::integral_constant<int, T>{}) for the format T numbered `type`; false for an unknown number
+template <class F>
+inline bool with_format(int64_t type, F&& f) {
+  switch (type) {
+#define VS_FORMAT(T) \
+  case T: f(std::integral_constant<int, T>{}); return true;
+    VS_FORMAT(F32) VS_FORMAT(F16) VS_FORMAT(BF16) VS_FORMAT(Q4_0) VS_FORMAT(Q4_1) VS_FORMAT(Q5_0) VS_FORMAT(Q5_1)
+    VS_FORMAT(Q8_0) VS_FORMAT(Q4_K) VS_FORMAT(Q5_K) VS_FORMAT(Q6_K)
+#undef VS_FORMAT
+  }
+  return false;
+}
 
 // Bytes of one row of `in` weights in format T.
 template <int T>

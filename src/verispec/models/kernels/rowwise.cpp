@@ -7,34 +7,15 @@
 // are read once per 8 rows. So a verified draft row gets bit for bit the logits a one-row decode
 // gives it, on every variant.
 //
-// Work split: threads (torch's pool, at::parallel_for) take blocks of consecutive outputs; within
-// a block the rows go 1-8 at a time (templates R = 1..8), the block's weights staying in L1 while
-// every row passes. Each thread pins the floating-point mode (vs::FpMode).
+// Work split (weight_mm, quant.cpp: rows_mm is its one-part float32 case): threads (torch's pool,
+// at::parallel_for) take blocks of consecutive outputs; within a block the rows go 1-8 at a time
+// (templates R = 1..8), the block's weights staying in L1 while every row passes. Each thread pins
+// the floating-point mode (vs::FpMode).
 #include "rowwise.h"
 
 #include <ATen/Parallel.h>
 
 #include <vector>
-
-namespace {
-
-// every output for rows x[0..R) (R <= 8)
-template <int R>
-void rows(const float* x, const float* w, float* y, int64_t in, int64_t out) {
-  constexpr int OB = vs::outputs_per_block<R>();
-  const int64_t blocks = out / OB;
-  at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
-    vs::FpMode mode;
-    for (int64_t b = b0; b < b1; ++b) vs::products<R, OB>(x, w, y, in, out, b * OB);
-  });
-  vs::FpMode mode;
-  for (int64_t o = blocks * OB; o < out; ++o) vs::products<R, 1>(x, w, y, in, out, o);
-}
-
-using RowsFn = void (*)(const float*, const float*, float*, int64_t, int64_t);
-constexpr RowsFn kRows[9] = {nullptr, rows<1>, rows<2>, rows<3>, rows<4>, rows<5>, rows<6>, rows<7>, rows<8>};
-
-}  // namespace
 
 torch::Tensor rows_mm(torch::Tensor x, torch::Tensor w) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1),
@@ -42,17 +23,7 @@ torch::Tensor rows_mm(torch::Tensor x, torch::Tensor w) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "rows_mm: float32 only");
   TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "rows_mm: CPU tensors only");
   TORCH_CHECK(w.is_contiguous(), "rows_mm: w must be contiguous");
-  x = x.contiguous();
-  const int64_t R = x.size(0), in = x.size(1), out = w.size(0);
-  auto y = torch::empty({R, out}, x.options());
-  const float* xp = x.data_ptr<float>();
-  const float* wp = w.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  for (int64_t r0 = 0; r0 < R; r0 += 8) {  // 8 rows per pass over the weights
-    const int64_t n = R - r0 < 8 ? R - r0 : 8;
-    kRows[n](xp + r0 * in, wp, yp + r0 * out, in, out);
-  }
-  return y;
+  return weight_mm(x, Weight{{w}, {0}});  // one float32 part (quant.cpp)
 }
 
 // out[t, h] = attend(q[t, h]) over keys j = first(t) .. pos(t) of kv head g(h): pos(t) = start + t,

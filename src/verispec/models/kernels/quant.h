@@ -301,7 +301,13 @@ inline void unpack_row(const uint8_t* row, float* out, int64_t in) {
 // outputs o0 .. o0 + OB - 1 (rows of `w`, `rb` bytes each) for rows x[0..R): y[r * ldy + o] =
 // dot(unpacked w[o], x[r]), ops.h's dot to the bit: 16 lanes at a time in order, then the sum
 // tree. The lanes are unpacked in registers and used at once by every row.
-template <int T, int R, int OB>
+// Prefetching: with Short (a block of OB rows within kShortBlock bytes), the next block's bytes one
+// cache line an iteration in address order: its rows lie back to back, and a short row (Gemma's
+// head: 680 bytes) is too short for the hardware prefetcher to follow on its own; otherwise each
+// row's next block position. (Prefetching past the matrix's end is harmless.)
+constexpr int64_t kShortBlock = 16384;
+
+template <int T, int R, int OB, bool Short = false>
 inline void products_q(const float* __restrict x, const uint8_t* __restrict w, int64_t rb, float* __restrict y, int64_t in,
                        int64_t ldy, int64_t o0) {
   constexpr int E = Format<T>::kElems, B = Format<T>::kBytes;
@@ -315,8 +321,8 @@ inline void products_q(const float* __restrict x, const uint8_t* __restrict w, i
       for (int b = 0; b < OB; ++b) {
         V* ab = acc[b];
         const uint8_t* blk = w + (o0 + b) * rb + k * B;
-        // the same block of the next outputs' rows (the memory stalls were on each block's first byte)
-        prefetch(reinterpret_cast<const float*>(blk + OB * rb));
+        if constexpr (Short) prefetch(reinterpret_cast<const float*>(w + (o0 + OB) * rb + (k * OB + b) * 64));
+        else prefetch(reinterpret_cast<const float*>(blk + OB * rb));
         Format<T>::each(blk, [&](int j, V wv) VS_ALWAYS_INLINE {
 #pragma GCC unroll 8
           for (int r = 0; r < R; ++r) ab[r] = fmadd(wv, load(xk + r * in + j), ab[r]);

@@ -30,7 +30,7 @@ def family(request, tiny_dir):
 
 
 @pytest.mark.parametrize("k", K_VALUES)
-@pytest.mark.parametrize("method", ["prompt_lookup", "draft_model", "draft_model_self"])
+@pytest.mark.parametrize("method", ["prompt_lookup", "suffix", "draft_model", "draft_model_self"])
 def test_greedy_identical(family, method, k):
     target, draft, ps, params, ref = family
     spec = {"method": method.removesuffix("_self"), "num_speculative_tokens": k, "adaptive_k": False}

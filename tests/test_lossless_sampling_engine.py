@@ -1,6 +1,6 @@
 """Sampling through the whole engine: the second output token of speculative decoding follows the
-target's exact distribution (draft model with top-k/top-p, so q must be processed like p), and
-seeds reproduce runs exactly."""
+target's exact distribution (draft model with top-k/top-p, so q must be processed like p; suffix
+decoding's one-hot drafts), and seeds reproduce runs exactly."""
 
 import numpy as np
 import pytest
@@ -29,12 +29,14 @@ def exact_second_token_distribution(llm):
     return p2.double().numpy()
 
 
-@pytest.fixture(scope="module")
-def spec_llm(tiny_dir):
-    return LLM(
-        str(tiny_dir("llama", seed=0)),
-        speculative={"method": "draft_model", "draft_model": str(tiny_dir("llama", seed=7)), "num_speculative_tokens": 3, "adaptive_k": False},
-    )
+@pytest.fixture(scope="module", params=["draft_model", "suffix"])
+def spec_llm(tiny_dir, request):
+    """A draft model (soft draft probabilities), or suffix decoding: one-hot drafts from the
+    request's own text (PROMPT repeats "20 21") and, unseeded, from the earlier samples."""
+    spec = {"method": request.param, "num_speculative_tokens": 3, "adaptive_k": False}
+    if request.param == "draft_model":
+        spec["draft_model"] = str(tiny_dir("llama", seed=7))
+    return LLM(str(tiny_dir("llama", seed=0)), speculative=spec)
 
 
 def test_second_token_matches_target_distribution(spec_llm):

@@ -77,3 +77,25 @@ def test_second_load_reads_the_cache(monkeypatch):
     loaded = load_model("smollm2-135m")
     assert loaded.config.num_layers == 30 and loaded.config.vocab_size == 49152
     assert loaded.tokenizer.encode("Hello world", add_special_tokens=False) == [19556, 905]
+
+
+def test_suffix_decoding_on_the_repetitive_workload(bundled):
+    """One engine over the project's extraction questions: identical to plain decoding, and drafts
+    (from the request's own text, or its earlier responses once it has some) are accepted (greedy:
+    the figures are exact). SmolLM2 (instruct) answers with JSON, drafted from earlier answers;
+    Gemma 3 270M (a base model) repeats the listing, drafted from the prompt."""
+    name, llm = bundled
+    spec = LLM(name, speculative={"method": "suffix", "num_speculative_tokens": 8})
+    questions = [q for q in prompt_set("repetitive") if q["category"] == "extraction"][:4]
+    params = SamplingParams(temperature=0.0, max_tokens=48)
+    accepted = drafts = 0
+    for i, q in enumerate(questions):
+        ids = llm.tokenizer.encode_chat([{"role": "user", "content": q["turns"][0]}])
+        plain = llm.generate([ids], params)[0]
+        fast = spec.generate([ids], params)[0]
+        assert fast.token_ids == plain.token_ids, f"question {q['question_id']} diverged"
+        if i >= 2:
+            accepted += fast.metrics.num_accepted_tokens
+            drafts += fast.metrics.num_drafts
+    assert spec.decoder.proposer.stats["global" if name == "smollm2-135m" else "request"] > 0
+    assert drafts > 0 and 1 + accepted / drafts > 1.5  # mean acceptance length of the warm questions

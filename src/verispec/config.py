@@ -68,11 +68,24 @@ class SamplingParams:
 class SpeculativeConfig:
     """Which drafter proposes tokens and how many per step."""
 
-    method: str | None = opt(None, "drafter: prompt_lookup, draft_model (none = plain decoding)")
+    method: str | None = opt(None, "drafter: prompt_lookup, suffix, draft_model (none = plain decoding)")
     num_speculative_tokens: int = opt(4, "draft tokens proposed per step (k)")
     draft_model: str | None = opt(None, "draft model (name or path) for method draft_model")
     prompt_lookup_min: int = opt(2, "smallest n-gram prompt lookup matches")
     prompt_lookup_max: int = opt(4, "largest n-gram prompt lookup matches")
+    suffix_decoding_max_tree_depth: int = opt(
+        24, "suffix: longest tail of the context matched, in tokens (as vLLM's option of this name)")
+    suffix_decoding_max_cached_requests: int = opt(
+        10000, "suffix: earlier responses kept for drafting, shared by all requests of the engine; the oldest "
+        "are evicted (0 = only the request's own text)")
+    suffix_decoding_max_spec_factor: float = opt(
+        1.0, "suffix: a draft is at most this many tokens per token of matched context (longer matches, longer drafts)")
+    suffix_decoding_min_token_prob: float = opt(
+        0.1, "suffix: stop a draft where its estimated probability (the share of earlier occurrences that "
+        "continued this way, multiplied along the draft) falls below this")
+    suffix_decoding_corpus: str | None = opt(
+        None, "suffix: a file whose documents seed the earlier responses (.jsonl of strings or {\"text\": ...}; "
+        "else plain text, documents between blank lines)")
     adaptive_k: bool = opt(
         True,
         "choose each request's k (0..num_speculative_tokens) per step from its measured acceptance "
@@ -100,6 +113,16 @@ class SpeculativeConfig:
                 "need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
                 f"{self.prompt_lookup_min}, {self.prompt_lookup_max}"
             )
+        depth, cached = self.suffix_decoding_max_tree_depth, self.suffix_decoding_max_cached_requests
+        if isinstance(depth, bool) or not isinstance(depth, int) or not 2 <= depth <= 1024:
+            raise InvalidSpeculativeConfigError(f"suffix_decoding_max_tree_depth must be in 2..1024, got {depth!r}")
+        if isinstance(cached, bool) or not isinstance(cached, int) or cached < 0:
+            raise InvalidSpeculativeConfigError(f"suffix_decoding_max_cached_requests must be an integer >= 0, got {cached!r}")
+        factor, prob = self.suffix_decoding_max_spec_factor, self.suffix_decoding_min_token_prob
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 64:
+            raise InvalidSpeculativeConfigError(f"suffix_decoding_max_spec_factor must be in (0, 64], got {factor!r}")
+        if isinstance(prob, bool) or not isinstance(prob, (int, float)) or not 0 <= prob <= 1:
+            raise InvalidSpeculativeConfigError(f"suffix_decoding_min_token_prob must be in [0, 1], got {prob!r}")
         d = self.disable_by_batch_size
         if d is not None and (isinstance(d, bool) or not isinstance(d, int) or d < 1):
             raise InvalidSpeculativeConfigError(f"disable_by_batch_size must be a positive integer, got {d!r}")

@@ -64,12 +64,17 @@ def load_questions(path: Path) -> list[dict]:
 
 
 def questions(source: str | None = None) -> list[dict]:
-    """The project's own prompts (None or "builtin"), Spec-Bench ("spec_bench": found as in
-    find_spec_bench), or the questions of a file path."""
+    """The project's own prompts (None or "builtin"), its repetitive workload ("repetitive":
+    verispec/workloads.py), Spec-Bench ("spec_bench": found as in find_spec_bench), or the
+    questions of a file path."""
     if source in (None, "builtin"):
         from verispec.prompts import PROMPTS
 
         return [dict(q, turns=list(q["turns"])) for q in PROMPTS]
+    if source == "repetitive":
+        from verispec.workloads import repetitive_questions
+
+        return repetitive_questions()
     if source == "spec_bench":
         return load_questions(find_spec_bench())
     return load_questions(find_spec_bench(source))

@@ -17,12 +17,14 @@ def add_bench_parser(sub) -> None:
                    help="target model, or a comma list run one after another into <out>/<model>/ with a summary.md "
                         "of all (default: smollm2-135m)")
     b.add_argument("--methods", default="plain,prompt_lookup,hf,hf_prompt_lookup,llamacpp,llamacpp_prompt_lookup",
-                   help="comma list; 'plain' (ours) is the baseline; ours: plain, prompt_lookup, draft_model, each "
+                   help="comma list; 'plain' (ours) is the baseline; ours: plain, prompt_lookup, suffix (earlier responses "
+                        "of the run kept), suffix_cold (none kept), draft_model, each "
                         "optionally on another backend and weights format (plain@llamacpp, prompt_lookup@llamacpp:Q8_0; "
                         "plain@torch:fast = torch with batch_invariant off); "
                         "peers: hf, hf_prompt_lookup, hf_assisted, llamacpp, llamacpp_prompt_lookup (skipped with a note "
                         "when unavailable)")
-    b.add_argument("--categories", default=",".join(SUBTASKS), help=f"comma list of subtasks (default: all: {','.join(SUBTASKS)})")
+    b.add_argument("--categories", default=None,
+                   help=f"comma list of subtasks (default: all of the question set's; Spec-Bench's: {','.join(SUBTASKS)})")
     b.add_argument("--limit", type=int, default=10, help="questions per subtask (default: 10)")
     b.add_argument("--max-tokens", type=int, default=128, help="new tokens per turn (default: 128)")
     b.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples, seeded per question")
@@ -30,7 +32,8 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--draft-model", default=None, help="draft model for draft_model / hf_assisted (same vocabulary)")
     b.add_argument("--questions", default=None,
                    help="Spec-Bench question.jsonl (default: $VERISPEC_SPEC_BENCH or ../shared/data/spec_bench), "
-                   "or 'builtin' for the project's own prompts")
+                   "'builtin' for the project's own prompts, or 'repetitive' for its repetitive workload "
+                   "(extraction over many inputs, multi-turn document edits: verispec/workloads.py)")
     b.add_argument("--out", default="results/bench", help="folder for results.json, report.md, *.png")
     b.add_argument("--seed", type=int, default=0, help="base seed of sampling runs")
     b.add_argument("--peer-timeout", type=float, default=600.0,
@@ -81,7 +84,7 @@ def _run_model(args: argparse.Namespace, model: str, out: Path):
     cfg = BenchConfig(
         model=model,
         methods=tuple(m for m in args.methods.split(",") if m),
-        categories=tuple(c for c in args.categories.split(",") if c),
+        categories=tuple(c for c in args.categories.split(",") if c) if args.categories else None,
         limit=QUICK["limit"] if args.quick else args.limit,
         max_tokens=QUICK["max_tokens"] if args.quick else args.max_tokens,
         temperature=args.temperature,

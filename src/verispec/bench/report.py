@@ -12,7 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 from statistics import mean
 
-from verispec.bench.run import SUBTASKS, BenchResult, Record, split_family
+from verispec.bench.run import BenchResult, Record, split_family, subtasks_in
 
 PEERS = ("hf", "hf_prompt_lookup", "hf_assisted", "llamacpp", "llamacpp_prompt_lookup")
 
@@ -25,7 +25,7 @@ def summarize(result: BenchResult) -> dict[str, dict]:
     """Per method: speedup per subtask and overall, mean accepted tokens, tok/s, TTFT."""
     recs = result.records
     methods = list(dict.fromkeys(r.method for r in recs))
-    subs = [s for s in SUBTASKS if any(r.subtask == s for r in recs)]
+    subs = subtasks_in(r.subtask for r in recs)
     out: dict[str, dict] = {}
     for m in methods:
         row: dict = {"speedup": {}}
@@ -113,7 +113,7 @@ def backends_table(result: BenchResult) -> list[str]:
 def markdown(result: BenchResult) -> str:
     cfg = result.config
     summary = summarize(result)
-    subs = [s for s in SUBTASKS if any(s in row["speedup"] for row in summary.values())]
+    subs = subtasks_in(s for row in summary.values() for s in row["speedup"] if s != "overall")
     n_q = len({r.question_id for r in result.records})
     lines = [
         f"# Spec-Bench: {cfg.model}",
@@ -167,7 +167,7 @@ def plots(result: BenchResult, out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     summary = summarize(result)
-    subs = [s for s in SUBTASKS if any(s in row["speedup"] for row in summary.values())]
+    subs = subtasks_in(s for row in summary.values() for s in row["speedup"] if s != "overall")
     paths = []
     fig, ax = plt.subplots(figsize=(9, 4.5))
     width = 0.8 / max(1, len(summary))

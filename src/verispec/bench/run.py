@@ -32,7 +32,7 @@ SUBTASKS = ("multi_turn", "translation", "summarization", "qa", "math_reasoning"
 class BenchConfig:
     model: str = "smollm2-135m"
     methods: tuple[str, ...] = ("plain", "prompt_lookup", "hf", "hf_prompt_lookup")
-    categories: tuple[str, ...] = SUBTASKS
+    categories: tuple[str, ...] | None = None  # None: every subtask of the question set
     limit: int = 10
     max_tokens: int = 128
     temperature: float = 0.0
@@ -171,12 +171,15 @@ def _add_methods(cfg: BenchConfig, llm, eos: list[int], llms: dict, methods: lis
         try:
             if base == "plain":
                 methods.append(OursMethod(name, family_llm(cfg, llm, family, llms), None))
-            elif base in ("prompt_lookup", "draft_model"):
+            elif base in ("prompt_lookup", "draft_model", "suffix", "suffix_cold"):
                 if base == "draft_model" and not cfg.draft_model:
                     raise Unavailable("no --draft-model given (none of the bundled models shares a vocabulary)")
+                # suffix keeps the earlier responses of the whole run (its global tree warms as the
+                # run goes); suffix_cold keeps none, as a server that just started
+                extra = {"suffix_decoding_max_cached_requests": 0} if base == "suffix_cold" else {}
                 spec = SpeculativeConfig(
-                    method=base, num_speculative_tokens=cfg.k, draft_model=cfg.draft_model,
-                    adaptive_k=cfg.adaptive_k, cost_profile=family_profile(cfg.cost_profile, family, cfg.model),
+                    method=base.removesuffix("_cold"), num_speculative_tokens=cfg.k, draft_model=cfg.draft_model,
+                    adaptive_k=cfg.adaptive_k, cost_profile=family_profile(cfg.cost_profile, family, cfg.model), **extra,
                 )
                 methods.append(OursMethod(name, family_llm(cfg, llm, family, llms), spec))
             elif name in PEER_NAMES:
@@ -211,14 +214,22 @@ def close_peers(methods: list[Method]) -> None:
 
 
 def select_questions(cfg: BenchConfig) -> list[dict]:
+    """Up to `limit` questions of each chosen subtask (by default every subtask of the set)."""
     questions = question_set(cfg.questions or "spec_bench")
-    unknown = set(cfg.categories) - set(SUBTASKS)
+    present = subtasks_in(subtask(q) for q in questions)
+    unknown = set(cfg.categories or ()) - set(present)
     if unknown:
-        raise SystemExit(f"unknown categories {sorted(unknown)}; Spec-Bench's are {', '.join(SUBTASKS)}")
+        raise SystemExit(f"unknown categories {sorted(unknown)}; these questions have {', '.join(present)}")
     picked: list[dict] = []
-    for cat in cfg.categories:
+    for cat in cfg.categories or present:
         picked += [q for q in questions if subtask(q) == cat][: cfg.limit]
     return picked
+
+
+def subtasks_in(names) -> list[str]:
+    """The distinct subtask names, Spec-Bench's six first in their order, then others as they come."""
+    seen = list(dict.fromkeys(names))
+    return [s for s in SUBTASKS if s in seen] + [s for s in seen if s not in SUBTASKS]
 
 
 def run_question(method: Method, llm, q: dict, cfg: BenchConfig) -> tuple[list[int], float, float, int, list[int], list[int]]:

@@ -28,13 +28,15 @@ from verispec.data import pick_spread, questions, spec_bench_available
 def add_load_parser(sub) -> None:
     p = sub.add_parser("load", help="load-test `verispec serve` on loopback: throughput, TTFT, latency percentiles")
     p.add_argument("--model", default="smollm2-135m", help="model to serve (default: smollm2-135m)")
-    p.add_argument("--methods", default="plain,prompt_lookup", help="comma list; plain = no speculation (default: plain,prompt_lookup)")
+    p.add_argument("--methods", default="plain,prompt_lookup", help="comma list; plain = no speculation, else a --method of the server: prompt_lookup, suffix, ... "
+                   "(default: plain,prompt_lookup)")
     p.add_argument("--concurrency", default="1,4,16", help="comma list of concurrency levels (default: 1,4,16)")
     p.add_argument("--requests", type=int, default=16, help="requests per level at most (default: 16)")
     p.add_argument("--max-tokens", type=int, default=64, help="new tokens per request (default: 64)")
     p.add_argument("--time-limit", type=float, default=300.0, help="seconds per level at most (default: 300)")
     p.add_argument("--questions", default=None,
-                   help="question file (default: Spec-Bench where found, else the project's own prompts)")
+                   help="question file, 'builtin' or 'repetitive' (the project's own prompts or repetitive workload; "
+                   "default: Spec-Bench where found, else the project's own prompts)")
     p.add_argument("--overhead", action="store_true", help="also measure the server against the library at concurrency 1")
     p.add_argument("--k", type=int, default=4, help="draft tokens per step (default: 4)")
     p.add_argument("--backend", default="torch", help="the server's backend: torch or llamacpp (default: torch)")

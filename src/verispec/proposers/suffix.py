@@ -1,0 +1,282 @@
+"""Suffix decoding: drafts from the request's own text and from every response this engine gave
+before (the method of Arctic Inference and vLLM's `suffix`), with no model and no training.
+
+Two sources, each a `TokenIndex` (documents of token ids, and where every bigram occurs):
+- the request's own prompt + output, growing as it decodes;
+- the engine's earlier responses (`GlobalResponses`): shared by all requests of an engine or a
+  server, filled as requests end (and optionally from a corpus file), bounded by
+  `max_cached_requests` (the oldest go first).
+
+A draft comes from the occurrences of the context's tail. For each length L of tail that occurs
+(a "match level"), the occurrences of those L tokens are the suffix tree's node for them, and what
+followed each occurrence its children: the draft walks the most frequent child, token by token.
+A token's probability is its share of the occurrences still agreeing (`count / total`, where
+`total` counts occurrences whose text ended there), and its estimated probability of acceptance
+is the product along the path. The walk stops where that falls below `min_token_prob` or after
+`int(L * max_spec_factor)` tokens (longer matches earn longer drafts). The draft with the highest
+score (the sum of those estimates: the expected number of accepted tokens) wins, over all match
+levels and both sources.
+
+Example: earlier responses "... the result is 42 . Done" (twice) and "... the result is 7 .";
+context tail "the result is": the 3-token level has 3 occurrences; "42" follows 2 of 3 (p = 0.67),
+then "." 2 of 2 (0.67), "Done" (0.67): the draft is "42 . Done", score 2.0, if min_token_prob < 0.67.
+
+Deterministic: no draft probabilities (verification treats the draft as one-hot), and the same
+context and history give the same draft. Every verification is lossless whatever the draft. A
+seeded sampled request drafts from its own text only, so its tokens do not depend on what else the
+engine served (greedy tokens never do).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from array import array
+from collections import Counter, deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from verispec.errors import InvalidSpeculativeConfigError
+from verispec.proposers.base import Draft, SequenceView, register
+
+log = logging.getLogger("verispec")
+
+END = -1  # after each document: no occurrence continues past it
+MAX_CANDIDATES = 64  # most recent occurrences of the tail's last bigram considered
+MAX_LEVELS = 4  # match levels walked per source (the longest ones)
+
+
+@dataclass
+class Candidate:
+    tokens: list[int]
+    score: float  # expected accepted tokens: the sum of the path probabilities
+    match_len: int
+
+
+class TokenIndex:
+    """Documents of token ids back to back (each followed by END) and, for every bigram, the
+    positions of its second token, oldest first. Positions below `live_from` are evicted."""
+
+    def __init__(self) -> None:
+        self.tokens = array("i")
+        self.where: dict[int, array] = {}
+        self.live_from = 0
+
+    def __len__(self) -> int:
+        return len(self.tokens) - self.live_from
+
+    @staticmethod
+    def _key(a: int, b: int) -> int:
+        return (a << 32) | b
+
+    def extend(self, ids: list[int]) -> None:
+        """Append tokens to the last (open) document."""
+        toks, where = self.tokens, self.where
+        prev = toks[-1] if toks else END
+        for t in ids:
+            if prev != END:
+                pos = where.get((prev << 32) | t)
+                if pos is None:
+                    pos = where[(prev << 32) | t] = array("q")
+                pos.append(len(toks))
+            toks.append(t)
+            prev = t
+
+    def close(self) -> None:
+        """End the open document."""
+        if self.tokens and self.tokens[-1] != END:
+            self.tokens.append(END)
+
+    def best(self, tail: list[int], k: int, max_depth: int, max_spec_factor: float, min_token_prob: float,
+             exclude_from: int | None = None) -> Candidate | None:
+        """The best draft of up to k tokens continuing `tail`, or None. Occurrences at or after
+        `exclude_from` are ignored (the tail itself, in the request's own index)."""
+        if len(tail) < 2 or k < 1:
+            return None
+        pos = self.where.get(self._key(tail[-2], tail[-1]))
+        if pos is None:
+            return None
+        p = np.frombuffer(pos, dtype=np.int64)
+        p = p[p - 1 >= self.live_from]
+        if exclude_from is not None:
+            p = p[p < exclude_from - 1]
+        if p.size == 0:
+            return None
+        p = p[-MAX_CANDIDATES:]
+        toks = np.frombuffer(self.tokens, dtype=np.int32)
+        levels = self._match_lengths(toks, p, tail, max_depth)  # [n] tokens of tail matched at each
+        # continuations [n, k]: END past a document's end (and past the index's end)
+        idx = p[:, None] + 1 + np.arange(k)
+        cont = np.where(idx < len(toks), toks[np.minimum(idx, len(toks) - 1)], END)
+        rows = cont.tolist()
+        lv = levels.tolist()
+        best: Candidate | None = None
+        for L in sorted(set(lv), reverse=True)[:MAX_LEVELS]:
+            n_tokens = min(k, int(L * max_spec_factor + 1e-6))
+            if n_tokens < 1:
+                continue
+            c = _walk([r for r, m in zip(rows, lv) if m >= L], n_tokens, min_token_prob)
+            if c.tokens and (best is None or c.score > best.score):
+                best = Candidate(c.tokens, c.score, L)
+        return best
+
+    def _match_lengths(self, toks: np.ndarray, p: np.ndarray, tail: list[int], max_depth: int) -> np.ndarray:
+        """How many tokens of `tail` end at each position of p (at most max_depth): one gather of
+        the tokens before each position, compared with the tail read backwards."""
+        depth = min(len(tail), max_depth)
+        back = np.asarray(tail[::-1][:depth], dtype=np.int32)  # [depth]
+        at = p[:, None] - np.arange(depth)  # [n, depth]
+        same = (toks[np.maximum(at, 0)] == back) & (at >= self.live_from)
+        return same.cumprod(axis=1).sum(axis=1)
+
+    def compact(self) -> None:
+        """Drop the evicted prefix and rebuild the bigram positions (amortised: called when at
+        least half the index is evicted)."""
+        live = self.tokens[self.live_from :]
+        self.tokens, self.where, self.live_from = array("i"), {}, 0
+        start = 0
+        for i, t in enumerate(live):
+            if t == END:
+                self.extend(live[start:i].tolist())
+                self.close()
+                start = i + 1
+        if start < len(live):
+            self.extend(live[start:].tolist())
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held: the tokens, the position arrays and the dictionary's entries (estimated)."""
+        return (self.tokens.itemsize * len(self.tokens) + sum(a.itemsize * len(a) for a in self.where.values())
+                + len(self.where) * 150)
+
+
+def _walk(rows: list[list[int]], n_tokens: int, min_token_prob: float) -> Candidate:
+    """Greedy walk down the continuations `rows` (the node's occurrences): the most frequent next
+    token while the path's probability stays at or above min_token_prob."""
+    out: list[int] = []
+    score, prob = 0.0, 1.0
+    for s in range(n_tokens):
+        counts = Counter(r[s] for r in rows if r[s] != END)
+        if not counts:
+            break
+        token, count = max(counts.items(), key=lambda kv: (kv[1], -kv[0]))  # ties: the smaller id
+        prob *= count / len(rows)
+        if prob < min_token_prob:
+            break
+        out.append(token)
+        score += prob
+        rows = [r for r in rows if r[s] == token]
+    return Candidate(out, score, 0)
+
+
+class GlobalResponses:
+    """Earlier responses of one engine, at most `max_requests` of them (the oldest evicted)."""
+
+    def __init__(self, max_requests: int) -> None:
+        self.index = TokenIndex()
+        self.max_requests = max_requests
+        self.ends: deque[int] = deque()  # where each cached response's END lies
+
+    def add(self, ids: list[int]) -> None:
+        if not ids or self.max_requests == 0:
+            return
+        self.index.extend(ids)
+        self.index.close()
+        self.ends.append(len(self.index.tokens))
+        while len(self.ends) > self.max_requests:
+            self.index.live_from = self.ends.popleft()
+        if self.index.live_from > len(self.index):  # more evicted than live: rebuild
+            shift = self.index.live_from
+            self.index.compact()
+            self.ends = deque(e - shift for e in self.ends)
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+
+@register("suffix")
+class SuffixProposer:
+    relative_cost = 0.0  # index lookups: small next to a forward
+
+    def __init__(self, max_depth: int = 24, max_cached_requests: int = 10000, max_spec_factor: float = 1.0,
+                 min_token_prob: float = 0.1) -> None:
+        self.max_depth = max_depth
+        self.max_spec_factor = max_spec_factor
+        self.min_token_prob = min_token_prob
+        self.responses = GlobalResponses(max_cached_requests)
+        self.stats = Counter()  # drafts by source: request, global, none
+
+    @classmethod
+    def create(cls, config, target) -> "SuffixProposer":
+        p = cls(config.suffix_decoding_max_tree_depth, config.suffix_decoding_max_cached_requests,
+                config.suffix_decoding_max_spec_factor, config.suffix_decoding_min_token_prob)
+        if config.suffix_decoding_corpus:
+            p.seed_corpus(Path(config.suffix_decoding_corpus), target.tokenizer)
+        return p
+
+    def seed_corpus(self, path: Path, tokenizer) -> int:
+        """Add a corpus file's documents to the earlier responses: a .jsonl of strings or of
+        objects with "text", else plain text with documents between blank lines. Returns how many."""
+        try:
+            raw = path.read_text(encoding="utf-8")
+        except OSError as e:
+            raise InvalidSpeculativeConfigError(f"cannot read suffix_decoding_corpus {path}: {e}") from e
+        docs = _corpus_documents(path, raw)
+        for text in docs:
+            self.responses.add(tokenizer.encode(text))
+        log.info("suffix decoding: %d documents from %s (%d cached)", len(docs), path, len(self.responses))
+        return len(docs)
+
+    def begin(self, seq: SequenceView) -> None:
+        index = TokenIndex()
+        index.extend(seq.tokens)
+        seq.extra["suffix"] = index
+
+    def _own(self, seq: SequenceView) -> TokenIndex:
+        index = seq.extra.get("suffix")
+        if index is None:  # a view begun elsewhere
+            self.begin(seq)
+            index = seq.extra["suffix"]
+        if len(index.tokens) < len(seq.tokens):
+            index.extend(seq.tokens[len(index.tokens) :])
+        return index
+
+    def propose(self, seq: SequenceView, k: int) -> Draft:
+        own = self._own(seq)
+        tail = seq.tokens[-self.max_depth :]
+        args = (tail, k, self.max_depth, self.max_spec_factor, self.min_token_prob)
+        mine = own.best(*args, exclude_from=len(own.tokens))
+        # A seeded sampled request drafts from its own text only: which drafts it gets decides how
+        # its random stream is consumed, and its tokens must not depend on what else the engine served
+        seeded = seq.params.seed is not None and not seq.params.greedy
+        theirs = None if seeded else self.responses.index.best(*args)
+        pick = max((c for c in (mine, theirs) if c is not None), key=lambda c: c.score, default=None)
+        self.stats["none" if pick is None else "request" if pick is mine else "global"] += 1
+        return Draft(tokens=[] if pick is None else pick.tokens)
+
+    def accept(self, seq: SequenceView, num_accepted: int) -> None:
+        pass
+
+    def end(self, seq: SequenceView) -> None:
+        seq.extra.pop("suffix", None)
+        self.responses.add(seq.tokens[seq.num_prompt_tokens :])
+
+
+def _corpus_documents(path: Path, raw: str) -> list[str]:
+    if path.suffix.lower() == ".jsonl":
+        docs = []
+        for n, line in enumerate(raw.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InvalidSpeculativeConfigError(f"{path}:{n}: not JSON ({e.msg})") from e
+            text = item.get("text") if isinstance(item, dict) else item
+            if not isinstance(text, str):
+                raise InvalidSpeculativeConfigError(f"{path}:{n}: want a string or an object with a \"text\" string")
+            docs.append(text)
+        return docs
+    return [d.strip() for d in raw.split("\n\n") if d.strip()]

@@ -1,0 +1,139 @@
+"""Suffix decoding (proposers/suffix.py): the index and its drafts, the bounded store of earlier
+responses, corpus seeding, options; lossless drafting through the engine is in
+test_lossless_greedy.py and test_lossless_sampling_engine.py."""
+
+import json
+
+import pytest
+
+from verispec import LLM, SamplingParams
+from verispec.config import SpeculativeConfig
+from verispec.errors import InvalidSpeculativeConfigError
+from verispec.proposers.base import SequenceView
+from verispec.proposers.suffix import GlobalResponses, SuffixProposer, TokenIndex
+
+THE, RESULT, IS, N42, N7, DOT, DONE = 10, 11, 12, 42, 7, 13, 14
+
+
+def index_of(*docs):
+    ix = TokenIndex()
+    for d in docs:
+        ix.extend(list(d))
+        ix.close()
+    return ix
+
+
+def test_the_docstring_example():
+    ix = index_of([1, THE, RESULT, IS, N42, DOT, DONE], [2, THE, RESULT, IS, N42, DOT, DONE], [3, THE, RESULT, IS, N7, DOT])
+    c = ix.best([5, THE, RESULT, IS], k=8, max_depth=24, max_spec_factor=1.0, min_token_prob=0.1)
+    assert c.tokens == [N42, DOT, DONE]
+    assert c.match_len == 3
+    assert c.score == pytest.approx(3 * 2 / 3)
+    # a higher floor cuts the draft where its probability falls below it
+    assert ix.best([5, THE, RESULT, IS], 8, 24, 1.0, min_token_prob=0.7) is None
+    # longer matches earn longer drafts: factor 1/3 allows one token per 3 matched
+    assert ix.best([5, THE, RESULT, IS], 8, 24, max_spec_factor=1 / 3, min_token_prob=0.1).tokens == [N42]
+
+
+def test_longer_match_wins_over_a_more_frequent_short_one():
+    # "b c" is followed by x three times, but "a b c" (the context's tail) by y, twice, for certain
+    ix = index_of([9, 20, 21, 30], [8, 20, 21, 30], [7, 20, 21, 30], [19, 20, 21, 40, 41], [19, 20, 21, 40, 41])
+    c = ix.best([19, 20, 21], k=4, max_depth=24, max_spec_factor=1.0, min_token_prob=0.1)
+    assert c.tokens == [40, 41]
+    assert c.score == pytest.approx(2.0)
+
+
+def test_no_draft_without_an_earlier_occurrence():
+    ix = index_of([1, 2, 3, 4])
+    assert ix.best([5, 6], 4, 24, 1.0, 0.1) is None
+    assert ix.best([3, 4], 4, 24, 1.0, 0.1) is None  # at the document's end: nothing followed it
+    assert ix.best([7], 4, 24, 1.0, 0.1) is None  # one token is no match
+
+
+def test_the_requests_own_tail_is_not_its_own_match():
+    p = SuffixProposer(max_cached_requests=0)
+    view = SequenceView(1, [5, 6, 7, 8, 5, 6], 6, SamplingParams(temperature=0), None, 100)
+    p.begin(view)
+    assert p.propose(view, 4).tokens == [7, 8]  # from the earlier "5 6", capped by the 2-token match
+    view.tokens += [7, 8, 5, 6]
+    assert p.propose(view, 8).tokens == [7, 8, 5, 6]  # the tail matches 6 tokens at position 5; then the end
+    p.end(view)
+    assert len(p.responses) == 0  # max_cached_requests 0: nothing kept
+
+
+def test_earlier_responses_draft_for_later_requests_and_are_bounded():
+    p = SuffixProposer(max_cached_requests=3)
+    greedy = SamplingParams(temperature=0)
+    for i in range(10):
+        v = SequenceView(i, [100 + i, 1, 2], 3, greedy, None, 100)
+        p.begin(v)
+        v.tokens += [3, 4, 5, 6, 7, 1000 + i]
+        p.end(v)
+    assert len(p.responses) == 3
+    live = p.responses.index
+    # only the last three responses remain, and the evicted prefix was compacted away
+    assert len(live) == 3 * 7
+    assert len(live.tokens) <= 2 * len(live) + 7
+    v = SequenceView(99, [50, 3, 4], 3, greedy, None, 100)
+    p.begin(v)
+    assert p.propose(v, 8).tokens == [5, 6]  # 2 matched, factor 1; 3 cached responses agree
+    assert p.stats["global"] == 1
+    # a seeded sampled request does not draft from other requests' responses
+    seeded = SequenceView(100, [50, 3, 4], 3, SamplingParams(temperature=1.0, seed=1), None, 100)
+    p.begin(seeded)
+    assert p.propose(seeded, 8).tokens == []
+
+
+def test_compaction_keeps_the_drafts():
+    store = GlobalResponses(max_requests=2)
+    for i in range(7):
+        store.add([1, 2, 3, 4 + i % 2])
+    before = store.index.best([1, 2], 4, 24, 1.0, 0.1)
+    store.index.compact()
+    assert store.index.live_from == 0
+    assert store.index.best([1, 2], 4, 24, 1.0, 0.1) == before
+    assert before.tokens == [3, 4]  # the last two responses: "3" certain, then 4 or 5 at 1/2 (ties: the smaller id)
+    assert before.score == pytest.approx(1.5)
+    assert len(store.index) == 2 * 5
+
+
+class _Words:
+    def encode(self, text):
+        return [len(w) for w in text.split()]
+
+
+def test_corpus_seeding(tmp_path):
+    p = SuffixProposer()
+    f = tmp_path / "c.jsonl"
+    f.write_text(json.dumps("a bb ccc") + "\n" + json.dumps({"text": "dddd ee"}) + "\n\n")
+    assert p.seed_corpus(f, _Words()) == 2
+    t = tmp_path / "c.txt"
+    t.write_text("one two\nthree\n\nfour five\n")
+    assert p.seed_corpus(t, _Words()) == 2
+    assert len(p.responses) == 4
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"txt": 1}\n')
+    with pytest.raises(InvalidSpeculativeConfigError, match="bad.jsonl:1"):
+        p.seed_corpus(bad, _Words())
+    with pytest.raises(InvalidSpeculativeConfigError, match="cannot read"):
+        p.seed_corpus(tmp_path / "missing.txt", _Words())
+
+
+@pytest.mark.parametrize("option, value", [
+    ("suffix_decoding_max_tree_depth", 1), ("suffix_decoding_max_cached_requests", -1),
+    ("suffix_decoding_max_spec_factor", 0), ("suffix_decoding_min_token_prob", 1.5),
+])
+def test_bad_options_are_refused(option, value):
+    with pytest.raises(InvalidSpeculativeConfigError, match=option):
+        SpeculativeConfig(method="suffix", **{option: value})
+
+
+def test_one_engine_shares_its_responses_across_requests(tiny_dir):
+    """Two generate calls on one LLM: the second request drafts from the first's response."""
+    llm = LLM(str(tiny_dir("llama", seed=0)), speculative={"method": "suffix", "num_speculative_tokens": 6, "adaptive_k": False})
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    first = llm.generate([[1, 30, 31, 32]], params)[0]
+    second = llm.generate([[1, 30, 31, 32]], params)[0]
+    assert second.token_ids == first.token_ids
+    assert second.metrics.num_accepted_tokens > 0
+    assert llm.decoder.proposer.stats["global"] > 0

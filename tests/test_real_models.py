@@ -86,7 +86,7 @@ def test_suffix_decoding_on_the_repetitive_workload(bundled):
     Gemma 3 270M (a base model) repeats the listing, drafted from the prompt."""
     name, llm = bundled
     spec = LLM(name, speculative={"method": "suffix", "num_speculative_tokens": 8})
-    questions = [q for q in prompt_set("repetitive") if q["category"] == "extraction"][:4]
+    questions = [q for q in prompt_set("repetitive") if q["category"] == "batch_extraction"][:4]
     params = SamplingParams(temperature=0.0, max_tokens=48)
     accepted = drafts = 0
     for i, q in enumerate(questions):

@@ -2,7 +2,7 @@
 traffic suffix decoding is for (agents, extraction jobs, templated batch work), built from our own
 templates, so a clone needs no outside data. `verispec bench --questions repetitive`.
 
-- extraction: one instruction over many inputs (product listings to JSON records, the same fields
+- batch_extraction: one instruction over many inputs (product listings to JSON records, the same fields
   each time): the answers share their structure, so earlier answers predict later ones;
 - editing: one document edited step by step over several turns, each answer the whole document
   again with one change: each answer mostly copies the previous one.
@@ -79,7 +79,7 @@ def repetitive_questions() -> list[dict]:
     out: list[dict] = []
     for i, (name, brand, color, size, price) in enumerate(_PRODUCTS):
         listing = _LISTING.format(name=name, brand=brand, color=color, size=size, price=price)
-        out.append({"question_id": 1001 + i, "category": "extraction", "turns": [_EXTRACT.format(listing=listing)]})
+        out.append({"question_id": 1001 + i, "category": "batch_extraction", "turns": [_EXTRACT.format(listing=listing)]})
     for i, (event, day, time, place, bring) in enumerate(_NOTICES):
         notice = _NOTICE.format(event=event, day=day, time=time, place=place, bring=bring)
         turns = [_EDITS[0].format(notice=notice), *_EDITS[1:]]

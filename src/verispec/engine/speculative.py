@@ -48,6 +48,7 @@ class Request:
     text_end: int | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     estimate: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)  # for the policy
+    estimates: dict[str, AcceptanceEstimate] = field(default_factory=dict)  # per draft kind (Draft.kind)
     started: float = 0.0
 
     @property
@@ -154,6 +155,8 @@ class SpeculativeDecoder:
             if len(draft):
                 self.proposer.accept(req.view, num_accepted)
                 req.estimate.observe(len(draft), num_accepted)
+                if draft.kind is not None:
+                    req.estimates[draft.kind].observe(len(draft), num_accepted)
             # 5. emit
             emitted = self._emit(req, block)
             req.metrics.observe_draft(len(draft), min(num_accepted, len(emitted)))
@@ -195,8 +198,17 @@ class SpeculativeDecoder:
         if self.proposer is None:
             return Draft(tokens=[])
         # never more than can still be emitted, so the cache never overflows
+        room = req.params.max_tokens - len(req.output_ids) - 1
         early_exit = req.params.greedy  # see _verify; the policy weighs the chunks it may skip
-        k = min(self.policy.choose(req.estimate, batch_size, early_exit), req.params.max_tokens - len(req.output_ids) - 1)
+        if getattr(self.proposer, "labels_drafts", False):  # draft first, then the k its kind pays for
+            most = min(self.policy.choose(AcceptanceEstimate(1.0, 0.0), batch_size, early_exit), room)
+            draft = self.proposer.propose(req.view, most) if most > 0 else Draft(tokens=[])
+            if not len(draft):
+                return Draft(tokens=[])
+            estimate = req.estimates.setdefault(draft.kind or "", AcceptanceEstimate())
+            k = min(self.policy.choose(estimate, batch_size, early_exit), len(draft))
+            return Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k], kind=draft.kind or "")
+        k = min(self.policy.choose(req.estimate, batch_size, early_exit), room)
         if k <= 0:
             return Draft(tokens=[])
         draft = self.proposer.propose(req.view, k)

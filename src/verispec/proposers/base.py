@@ -31,6 +31,11 @@ class Draft:
     tokens: list[int]  # [n] proposed token ids in the target's vocabulary, n <= k
     probs: torch.Tensor | None = None  # [n, vocab] processed draft distribution; None = deterministic
     parents: list[int] | None = None  # tree drafts: parent node of each token, -1 = root (issue 15)
+    # Drafts of one kind share an acceptance estimate in the k policy (engine/policy.py). A drafter
+    # whose drafts differ in reliability labels them (suffix decoding: long or short matches, in the
+    # request's own text or in earlier responses) and sets `labels_drafts`: it is then asked for up
+    # to the policy's largest k, and its draft cut to the k its kind's estimate pays for.
+    kind: str | None = None
 
     def __post_init__(self) -> None:
         if self.parents is not None:
@@ -63,6 +68,7 @@ class SequenceView:
 class Proposer(Protocol):
     name: ClassVar[str]
     relative_cost: float  # cost of drafting one token, in one-token target forwards (for the k policy)
+    labels_drafts: ClassVar[bool]  # its drafts carry a `kind` (optional: False where absent)
 
     def begin(self, seq: SequenceView) -> None:
         """A new request; `seq.tokens` is its prompt."""

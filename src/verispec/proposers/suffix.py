@@ -196,9 +196,13 @@ class GlobalResponses:
         return len(self.ends)
 
 
+LONG_MATCH = 8  # matched tokens from which a draft counts as a long match (its own acceptance estimate)
+
+
 @register("suffix")
 class SuffixProposer:
     relative_cost = 0.0  # index lookups: small next to a forward
+    labels_drafts = True  # kinds: request/global x long/short match, each with its acceptance estimate
 
     def __init__(self, max_depth: int = 24, max_cached_requests: int = 10000, max_spec_factor: float = 1.0,
                  min_token_prob: float = 0.1) -> None:
@@ -253,8 +257,11 @@ class SuffixProposer:
         seeded = seq.params.seed is not None and not seq.params.greedy
         theirs = None if seeded else self.responses.index.best(*args)
         pick = max((c for c in (mine, theirs) if c is not None), key=lambda c: c.score, default=None)
-        self.stats["none" if pick is None else "request" if pick is mine else "global"] += 1
-        return Draft(tokens=[] if pick is None else pick.tokens)
+        source = "none" if pick is None else "request" if pick is mine else "global"
+        self.stats[source] += 1
+        if pick is None:
+            return Draft(tokens=[])
+        return Draft(tokens=pick.tokens, kind=f"{source}:{'long' if pick.match_len >= LONG_MATCH else 'short'}")
 
     def accept(self, seq: SequenceView, num_accepted: int) -> None:
         pass

@@ -72,8 +72,8 @@ def test_earlier_responses_draft_for_later_requests_and_are_bounded():
     assert len(p.responses) == 3
     live = p.responses.index
     # only the last three responses remain, and the evicted prefix was compacted away
-    assert len(live) == 3 * 7
-    assert len(live.tokens) <= 2 * len(live) + 7
+    assert len(live) == 3 * 10  # each: the prompt's 3 tokens, the 6 of the response, the end
+    assert len(live.tokens) <= 2 * len(live) + 10
     v = SequenceView(99, [50, 3, 4], 3, greedy, None, 100)
     p.begin(v)
     assert p.propose(v, 8).tokens == [5, 6]  # 2 matched, factor 1; 3 cached responses agree

@@ -4,8 +4,9 @@ before (the method of Arctic Inference and vLLM's `suffix`), with no model and n
 Two sources, each a `TokenIndex` (documents of token ids, and where every bigram occurs):
 - the request's own prompt + output, growing as it decodes;
 - the engine's earlier responses (`GlobalResponses`): shared by all requests of an engine or a
-  server, filled as requests end (and optionally from a corpus file), bounded by
-  `max_cached_requests` (the oldest go first).
+  server, filled as requests end (each after the last 8 tokens of its prompt, so that a response's
+  start can be matched: a chat template's assistant header), optionally from a corpus file,
+  bounded by `max_cached_requests` (the oldest go first).
 
 A draft comes from the occurrences of the context's tail. For each length L of tail that occurs
 (a "match level"), the occurrences of those L tokens are the suffix tree's node for them, and what
@@ -179,10 +180,12 @@ class GlobalResponses:
         self.max_requests = max_requests
         self.ends: deque[int] = deque()  # where each cached response's END lies
 
-    def add(self, ids: list[int]) -> None:
+    def add(self, ids: list[int], lead: list[int] | None = None) -> None:
+        """Keep a response; `lead`: the last tokens of its prompt, kept before it so that the
+        response's first tokens can be matched too (a chat template's assistant header)."""
         if not ids or self.max_requests == 0:
             return
-        self.index.extend(ids)
+        self.index.extend(list(lead or []) + list(ids))
         self.index.close()
         self.ends.append(len(self.index.tokens))
         while len(self.ends) > self.max_requests:
@@ -196,6 +199,7 @@ class GlobalResponses:
         return len(self.ends)
 
 
+PROMPT_LEAD = 8  # prompt tokens kept before each response (its start can then be matched too)
 LONG_MATCH = 8  # matched tokens from which a draft counts as a long match (its own acceptance estimate)
 
 
@@ -268,7 +272,8 @@ class SuffixProposer:
 
     def end(self, seq: SequenceView) -> None:
         seq.extra.pop("suffix", None)
-        self.responses.add(seq.tokens[seq.num_prompt_tokens :])
+        prompt = seq.tokens[: seq.num_prompt_tokens]
+        self.responses.add(seq.tokens[seq.num_prompt_tokens :], lead=prompt[-PROMPT_LEAD:])
 
 
 def _corpus_documents(path: Path, raw: str) -> list[str]:

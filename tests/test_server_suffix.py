@@ -41,6 +41,9 @@ def test_later_requests_draft_from_earlier_responses(target):
             texts = asyncio.run(round_(base))
             accepted.append(metric(base, "vllm:spec_decode_num_accepted_tokens_total") - before)
             assert texts == refs  # greedy: plain decoding's text, whatever the batch and the store
+        # the store, on /metrics: 16 responses of 32 tokens (each after its prompt's last tokens)
+        assert metric(base, "verispec:drafter_cached_tokens") > 16 * 32
+        assert metric(base, "verispec:drafter_memory_bytes") > 0
     # the second time, each answer is in the store: almost all of it is drafted and accepted
     assert accepted[1] > accepted[0]
     assert accepted[1] >= 8 * 20

@@ -224,6 +224,16 @@ class SuffixProposer:
             p.seed_corpus(Path(config.suffix_decoding_corpus), target.tokenizer)
         return p
 
+    @property
+    def memory_bytes(self) -> int:
+        """The store of earlier responses, estimated (TokenIndex.nbytes); per-request indexes are
+        freed with their request."""
+        return self.responses.index.nbytes
+
+    @property
+    def cached_tokens(self) -> int:
+        return len(self.responses.index)
+
     def seed_corpus(self, path: Path, tokenizer) -> int:
         """Add a corpus file's documents to the earlier responses: a .jsonl of strings or of
         objects with "text", else plain text with documents between blank lines. Returns how many."""

@@ -62,6 +62,8 @@ class AsyncEngine:
                 lambda: scheduler.num_waiting,
                 lambda: engine.cache_bytes,
                 lambda: engine.open_sequences,
+                lambda: getattr(engine.proposer, "memory_bytes", 0),
+                lambda: getattr(engine.proposer, "cached_tokens", 0),
             )
             self.loaded, self.scheduler = engine, scheduler
             self.loop = EngineLoop(scheduler)

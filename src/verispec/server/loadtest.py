@@ -169,10 +169,12 @@ async def _level(base: str, method: str, concurrency: int, conversations: list, 
 
 
 def _conversations(path: str | None, n: int) -> list[list[dict]]:
-    """Spec-Bench's questions where they are found (or the file given), else the project's own."""
+    """n first turns of Spec-Bench's questions where they are found (or of the set given), else of
+    the project's own; the set is cycled where it has fewer than n."""
     source = path or ("spec_bench" if spec_bench_available() else None)
-    picked = pick_spread(questions(source), n)
-    return [[{"role": "user", "content": q["turns"][0]}] for q in picked]
+    qs = questions(source)
+    picked = pick_spread(qs, min(n, len(qs)))
+    return [[{"role": "user", "content": picked[i % len(picked)]["turns"][0]}] for i in range(n)]
 
 
 def _overhead(base: str, model: str, method: str, k: int, conversations: list, max_tokens: int,
@@ -203,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
     conversations = _conversations(args.questions, args.requests)
     results: list[Level] = []
     overheads: dict[str, tuple[float, float]] = {}
+    drafter: dict[str, tuple[float, float]] = {}  # per method: the drafter's cached tokens and bytes at the end
     for method in args.methods.split(","):
         with _server(args.model, method, args.k, args.backend, args.weights_format, args.batch_invariant) as base:
             asyncio.run(_level(base, method, 1, conversations[:2], 8, 60))  # warm-up, not reported
@@ -210,11 +213,23 @@ def run(args: argparse.Namespace) -> int:
                 level = asyncio.run(_level(base, method, c, conversations, args.max_tokens, args.time_limit))
                 results.append(level)
                 print(_row(level), file=sys.stderr, flush=True)
+            drafter[method] = (_scrape(base, "verispec:drafter_cached_tokens"), _scrape(base, "verispec:drafter_memory_bytes"))
             if args.overhead:
                 overheads[method] = _overhead(base, args.model, method, args.k, conversations[: min(8, len(conversations))],
                                               args.max_tokens, args.backend, args.weights_format, args.batch_invariant)
-    print(report(args, results, overheads))
+    print(report(args, results, overheads, drafter))
     return 0
+
+
+def _scrape(base: str, name: str) -> float:
+    """One unlabelled-or-summed gauge of the server's /metrics (0 where absent)."""
+    import httpx2 as httpx
+
+    total = 0.0
+    for line in httpx.get(base + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def _row(level: Level) -> str:
@@ -227,18 +242,23 @@ def _row(level: Level) -> str:
     )
 
 
-def report(args: argparse.Namespace, results: list[Level], overheads: dict[str, tuple[float, float]]) -> str:
+def report(args: argparse.Namespace, results: list[Level], overheads: dict[str, tuple[float, float]],
+           drafter: dict[str, tuple[float, float]] | None = None) -> str:
     lines = [
         f"Load test of `verispec serve --model {args.model} --backend {args.backend}"
         + (f" --weights-format {args.weights_format}" if args.weights_format else "")
         + ("" if args.batch_invariant else " --no-batch-invariant")
-        + f"` on loopback: up to {args.requests} Spec-Bench chat "
-        f"requests per level, {args.max_tokens} new tokens each, greedy, streamed.",
+        + f"` on loopback: up to {args.requests} chat requests per level ({args.questions or 'Spec-Bench'} "
+        f"first turns, cycled where fewer), {args.max_tokens} new tokens each, greedy, streamed.",
         "",
         "| method | concurrency | requests | errors | tokens/s | TTFT s p50 / p90 / p99 | latency s p50 / p90 / p99 |",
         "|---|---|---|---|---|---|---|",
         *(_row(r) for r in results),
     ]
+    held = {m: v for m, v in (drafter or {}).items() if v[0]}
+    if held:
+        lines += ["", "What the drafter keeps across requests at the end of the method's run (suffix decoding's store):", ""]
+        lines += [f"- {m}: {tokens:.0f} tokens, {nbytes / 2**20:.1f} MiB" for m, (tokens, nbytes) in held.items()]
     if overheads:
         lines += ["", "Server against the library at concurrency 1 (same prompts, alternating):", ""]
         for method, (lib, srv) in overheads.items():

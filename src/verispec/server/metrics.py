@@ -15,6 +15,8 @@ leaves the engine (finished, aborted or failed):
     vllm:spec_decode_num_accepted_tokens_total                   draft tokens accepted (and emitted)
     vllm:spec_decode_num_accepted_tokens_per_pos_total{position} accepted draft tokens at each position
     verispec:kv_cache_bytes / verispec:open_sequences            memory held by live requests
+    verispec:drafter_memory_bytes / verispec:drafter_cached_tokens   what the drafter keeps across
+                                                                 requests (suffix decoding's store of earlier responses)
 """
 
 from __future__ import annotations
@@ -43,6 +45,11 @@ class ServerMetrics:
         self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting for a place in the batch.", labels, registry=r)
         self.kv_bytes = Gauge("verispec:kv_cache_bytes", "Bytes held by the open sequences' KV caches.", labels, registry=r)
         self.open_seqs = Gauge("verispec:open_sequences", "Sequences holding a KV cache (target and drafter).", labels, registry=r)
+        self.drafter_bytes = Gauge("verispec:drafter_memory_bytes",
+                                   "Bytes the drafter keeps across requests besides KV caches (suffix decoding's store, estimated).",
+                                   labels, registry=r)
+        self.drafter_tokens = Gauge("verispec:drafter_cached_tokens", "Tokens the drafter keeps across requests (suffix decoding's store).",
+                                    labels, registry=r)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens processed.", labels, registry=r)
         self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", labels, registry=r)
         self.success = Counter("vllm:request_success", "Requests that left the engine.", labels + ["finished_reason"], registry=r)
@@ -57,12 +64,15 @@ class ServerMetrics:
             "vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted draft tokens per draft position.", labels + ["position"], registry=r
         )
 
-    def bind(self, num_running: Callable[[], int], num_waiting: Callable[[], int], kv_bytes: Callable[[], int], open_seqs: Callable[[], int]) -> None:
+    def bind(self, num_running: Callable[[], int], num_waiting: Callable[[], int], kv_bytes: Callable[[], int], open_seqs: Callable[[], int],
+             drafter_bytes: Callable[[], int] = lambda: 0, drafter_tokens: Callable[[], int] = lambda: 0) -> None:
         """Gauges read the engine's state at scrape time."""
         self.running.labels(self.model_name).set_function(num_running)
         self.waiting.labels(self.model_name).set_function(num_waiting)
         self.kv_bytes.labels(self.model_name).set_function(kv_bytes)
         self.open_seqs.labels(self.model_name).set_function(open_seqs)
+        self.drafter_bytes.labels(self.model_name).set_function(drafter_bytes)
+        self.drafter_tokens.labels(self.model_name).set_function(drafter_tokens)
 
     def on_retire(self, handle: Handle) -> None:
         """A request left the engine (engine thread): add its figures."""

@@ -47,3 +47,17 @@ def test_later_requests_draft_from_earlier_responses(target):
     # the second time, each answer is in the store: almost all of it is drafted and accepted
     assert accepted[1] > accepted[0]
     assert accepted[1] >= 8 * 20
+
+
+def test_load_test_cycles_a_small_question_set_and_reports_the_store():
+    import argparse
+
+    from verispec.server.loadtest import Level, _conversations, report
+
+    convs = _conversations("repetitive", 75)  # 30 questions in the set: cycled
+    assert len(convs) == 75 and convs[30] == convs[0] and convs[0] != convs[1]
+    args = argparse.Namespace(model="m", backend="torch", weights_format=None, batch_invariant=True, requests=75,
+                              questions="repetitive", max_tokens=8)
+    text = report(args, [Level("suffix", 1)], {}, {"plain": (0, 0), "suffix": (41034, 524288)})
+    assert "- suffix: 41034 tokens, 0.5 MiB" in text
+    assert "- plain:" not in text  # a drafter that keeps nothing is not listed

@@ -3,14 +3,11 @@ in-thread uvicorn, and reading one sample of /metrics."""
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from contextlib import contextmanager
 
-import httpx2 as httpx
-
-from verispec.server.loadtest import free_port, server_process, wait_healthy  # noqa: F401  (shared with the tests)
+from verispec.server.loadtest import free_port, metric, server_process, wait_healthy  # noqa: F401  (shared with the tests)
 
 
 @contextmanager
@@ -31,17 +28,3 @@ def server_thread(app):
     finally:
         server.should_exit = True
         thread.join(20)
-
-
-def metric(base: str, name: str, **labels: str) -> float:
-    """One sample of /metrics (0 when absent)."""
-    text = httpx.get(base + "/metrics", timeout=10).text
-    total = 0.0
-    for line in text.splitlines():
-        m = re.match(r"^([^{\s]+)(?:\{(.*)\})?\s+(\S+)$", line)
-        if not m or m.group(1) != name:
-            continue
-        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
-        if all(got.get(k) == v for k, v in labels.items()):
-            total += float(m.group(3))
-    return total

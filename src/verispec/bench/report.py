@@ -113,7 +113,7 @@ def backends_table(result: BenchResult) -> list[str]:
 def markdown(result: BenchResult) -> str:
     cfg = result.config
     summary = summarize(result)
-    subs = subtasks_in(s for row in summary.values() for s in row["speedup"] if s != "overall")
+    subs = subtasks_in(s for row in summary.values() for s in row["speedup"])
     n_q = len({r.question_id for r in result.records})
     lines = [
         f"# Spec-Bench: {cfg.model}",
@@ -167,7 +167,7 @@ def plots(result: BenchResult, out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     summary = summarize(result)
-    subs = subtasks_in(s for row in summary.values() for s in row["speedup"] if s != "overall")
+    subs = subtasks_in(s for row in summary.values() for s in row["speedup"])
     paths = []
     fig, ax = plt.subplots(figsize=(9, 4.5))
     width = 0.8 / max(1, len(summary))

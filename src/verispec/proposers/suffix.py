@@ -78,9 +78,10 @@ class TokenIndex:
         prev = toks[-1] if toks else END
         for t in ids:
             if prev != END:
-                pos = where.get((prev << 32) | t)
+                key = self._key(prev, t)
+                pos = where.get(key)
                 if pos is None:
-                    pos = where[(prev << 32) | t] = array("q")
+                    pos = where[key] = array("q")
                 pos.append(len(toks))
             toks.append(t)
             prev = t
@@ -118,9 +119,9 @@ class TokenIndex:
             n_tokens = min(k, int(L * max_spec_factor + 1e-6))
             if n_tokens < 1:
                 continue
-            c = _walk([r for r, m in zip(rows, lv) if m >= L], n_tokens, min_token_prob)
+            c = _walk([r for r, m in zip(rows, lv) if m >= L], n_tokens, min_token_prob, L)
             if c.tokens and (best is None or c.score > best.score):
-                best = Candidate(c.tokens, c.score, L)
+                best = c
         return best
 
     def _match_lengths(self, toks: np.ndarray, p: np.ndarray, tail: list[int], max_depth: int) -> np.ndarray:
@@ -153,9 +154,10 @@ class TokenIndex:
                 + len(self.where) * 150)
 
 
-def _walk(rows: list[list[int]], n_tokens: int, min_token_prob: float) -> Candidate:
-    """Greedy walk down the continuations `rows` (the node's occurrences): the most frequent next
-    token while the path's probability stays at or above min_token_prob."""
+def _walk(rows: list[list[int]], n_tokens: int, min_token_prob: float, match_len: int) -> Candidate:
+    """Greedy walk down the continuations `rows` (the occurrences of the match level's
+    `match_len` tokens): the most frequent next token while the path's probability stays at or
+    above min_token_prob."""
     out: list[int] = []
     score, prob = 0.0, 1.0
     for s in range(n_tokens):
@@ -169,7 +171,7 @@ def _walk(rows: list[list[int]], n_tokens: int, min_token_prob: float) -> Candid
         out.append(token)
         score += prob
         rows = [r for r in rows if r[s] == token]
-    return Candidate(out, score, 0)
+    return Candidate(out, score, match_len)
 
 
 class GlobalResponses:
@@ -253,10 +255,8 @@ class SuffixProposer:
         seq.extra["suffix"] = index
 
     def _own(self, seq: SequenceView) -> TokenIndex:
-        index = seq.extra.get("suffix")
-        if index is None:  # a view begun elsewhere
-            self.begin(seq)
-            index = seq.extra["suffix"]
+        """The request's index, caught up with the tokens emitted since the last proposal."""
+        index = seq.extra["suffix"]
         if len(index.tokens) < len(seq.tokens):
             index.extend(seq.tokens[len(index.tokens) :])
         return index

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import time
@@ -213,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
                 level = asyncio.run(_level(base, method, c, conversations, args.max_tokens, args.time_limit))
                 results.append(level)
                 print(_row(level), file=sys.stderr, flush=True)
-            drafter[method] = (_scrape(base, "verispec:drafter_cached_tokens"), _scrape(base, "verispec:drafter_memory_bytes"))
+            drafter[method] = (metric(base, "verispec:drafter_cached_tokens"), metric(base, "verispec:drafter_memory_bytes"))
             if args.overhead:
                 overheads[method] = _overhead(base, args.model, method, args.k, conversations[: min(8, len(conversations))],
                                               args.max_tokens, args.backend, args.weights_format, args.batch_invariant)
@@ -221,14 +222,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _scrape(base: str, name: str) -> float:
-    """One unlabelled-or-summed gauge of the server's /metrics (0 where absent)."""
+def metric(base: str, name: str, **labels: str) -> float:
+    """One series of the server's /metrics, summed over the labels not given (0 when absent)."""
     import httpx2 as httpx
 
+    text = httpx.get(base + "/metrics", timeout=10).text
     total = 0.0
-    for line in httpx.get(base + "/metrics", timeout=10).text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            total += float(line.rsplit(" ", 1)[1])
+    for line in text.splitlines():
+        m = re.match(r"^([^{\s]+)(?:\{(.*)\})?\s+(\S+)$", line)
+        if not m or m.group(1) != name:
+            continue
+        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
+        if all(got.get(k) == v for k, v in labels.items()):
+            total += float(m.group(3))
     return total
 
 

@@ -29,7 +29,7 @@ void part_range(const float* x, const uint8_t* w, float* y, int64_t in, int64_t 
     }
   } else {
     const int64_t rb = vs::row_bytes<T>(in);
-    const bool short_rows = rb * OB <= vs::kShortBlock;
+    const bool short_rows = vs::Format<T>::kElems == 32 && rb * OB <= vs::kShortBlock;  // (256-weight blocks prefetch per row)
     for (int64_t b = b0; b < b1; ++b) {
       if constexpr (Tail) vs::products_q<T, R, 1>(x, w, rb, y, in, ldy, b);
       else if (short_rows) vs::products_q<T, R, OB, true>(x, w, rb, y, in, ldy, b * OB);

@@ -301,10 +301,10 @@ inline void unpack_row(const uint8_t* row, float* out, int64_t in) {
 // outputs o0 .. o0 + OB - 1 (rows of `w`, `rb` bytes each) for rows x[0..R): y[r * ldy + o] =
 // dot(unpacked w[o], x[r]), ops.h's dot to the bit: 16 lanes at a time in order, then the sum
 // tree. The lanes are unpacked in registers and used at once by every row.
-// Prefetching: with Short (a block of OB rows within kShortBlock bytes), the next block's bytes one
-// cache line an iteration in address order: its rows lie back to back, and a short row (Gemma's
-// head: 680 bytes) is too short for the hardware prefetcher to follow on its own; otherwise each
-// row's next block position. (Prefetching past the matrix's end is harmless.)
+// Prefetching, 32-weight blocks: with Short (a block of OB rows within kShortBlock bytes), the
+// next block's bytes one cache line an iteration in address order: its rows lie back to back, and
+// a short row (Gemma's head: 680 bytes) is too short for the hardware prefetcher to follow on its
+// own; otherwise each row's next block position. (Prefetching past the matrix's end is harmless.)
 constexpr int64_t kShortBlock = 16384;
 
 template <int T, int R, int OB, bool Short = false>

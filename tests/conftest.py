@@ -16,11 +16,11 @@ def tiny_dir(tmp_path_factory):
     """Factory: a saved tiny random HF model of a kind, built once per (kind, seed, vocab)."""
     made: dict = {}
 
-    def make(kind: str = "llama", seed: int = 0, vocab: int = 96, layers: int = 2) -> Path:
-        key = (kind, seed, vocab, layers)
+    def make(kind: str = "llama", seed: int = 0, vocab: int = 96, layers: int = 2, tokenizer: str = "word") -> Path:
+        key = (kind, seed, vocab, layers, tokenizer)
         if key not in made:
             folder = tmp_path_factory.mktemp(f"{kind}-{seed}-{vocab}")
-            make_hf_model(kind, folder, seed=seed, vocab=vocab, layers=layers)
+            make_hf_model(kind, folder, seed=seed, vocab=vocab, layers=layers, tokenizer=tokenizer)
             made[key] = folder
         return made[key]
 

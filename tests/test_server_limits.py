@@ -59,7 +59,7 @@ def test_health_503_while_loading_and_after_a_failed_load(tiny_dir, monkeypatch,
 
 
 def test_full_queue_answers_503(tiny_dir):
-    app = create_app(EngineConfig(model=str(tiny_dir("llama"))), ServerConfig(served_model_name="tiny", max_num_seqs=1, max_waiting=1))
+    app = create_app(EngineConfig(model=str(tiny_dir("llama")), max_num_seqs=1), ServerConfig(served_model_name="tiny", max_waiting=1))
     with server_thread(app) as base:
         wait_healthy(base)
         engine = app.state.engine

@@ -61,8 +61,9 @@ def hf_config(kind: str, vocab: int = VOCAB, layers: int = 2):
     raise ValueError(kind)
 
 
-def make_hf_model(kind: str, folder: Path, seed: int = 0, vocab: int = VOCAB, layers: int = 2):
-    """Save a random model of `kind` with a word-level tokenizer to `folder`; return the HF model."""
+def make_hf_model(kind: str, folder: Path, seed: int = 0, vocab: int = VOCAB, layers: int = 2, tokenizer: str = "word"):
+    """Save a random model of `kind` with a word-level tokenizer (or a byte-level BPE one,
+    tokenizer="bytes", vocab >= 259) to `folder`; return the HF model."""
     import transformers as tf
 
     torch.manual_seed(seed)
@@ -77,8 +78,34 @@ def make_hf_model(kind: str, folder: Path, seed: int = 0, vocab: int = VOCAB, la
             else:
                 p.normal_(0.0, 0.15)
     model.save_pretrained(folder, safe_serialization=True)
-    save_word_tokenizer(folder, vocab)
+    (save_byte_tokenizer if tokenizer == "bytes" else save_word_tokenizer)(folder, vocab)
     return model
+
+
+def save_byte_tokenizer(folder: Path, vocab: int) -> None:
+    """A byte-level BPE tokenizer (as GPT-2's, SmolLM2's): 3 special tokens, the 256 bytes, then
+    merges up to `vocab` tokens (JSON punctuation first, then letter pairs), so grammars see
+    tokens of one byte and of several."""
+    from tokenizers import decoders
+
+    ids = {"<pad>": 0, "<s>": 1, "</s>": 2}
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        ids[ch] = len(ids)
+    merges = [("{", '"'), ('"', ":"), ('":', "Ġ"), (",", "Ġ"), ("Ġ", '"'), ("t", "r"), ("tr", "u"), ("tru", "e")]
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    merges += [(a, b) for a in letters for b in letters]
+    for a, b in merges:
+        if len(ids) >= vocab:
+            break
+        if a + b not in ids:
+            ids[a + b] = len(ids)
+    kept = [(a, b) for a, b in merges if a + b in ids]
+    tok = tokenizers.Tokenizer(models.BPE(ids, kept))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<pad>", "<s>", "</s>"])
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(dict(bos_token="<s>", eos_token="</s>")))
 
 
 def save_word_tokenizer(folder: Path, vocab: int = VOCAB) -> None:

@@ -38,11 +38,20 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[
                 flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
                 help=f"{f.metadata['help']} (default: {'on' if default else 'off'})",
             )
+        elif typing.get_origin(tp) is dict or dataclasses.is_dataclass(tp):
+            parser.add_argument(flag, dest=f.name, type=_json_arg, default=None, help=f"{f.metadata['help']} (JSON)")
         elif typing.get_origin(tp) is list:
             item = typing.get_args(tp)[0]
             parser.add_argument(flag, dest=f.name, type=item, action="append", default=None, help=f.metadata["help"])
         else:
             parser.add_argument(flag, dest=f.name, type=tp, default=default, help=f"{f.metadata['help']} (default: {default})")
+
+
+def _json_arg(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from e
 
 
 def _from_args(cls: type, args: argparse.Namespace, **extra: Any):

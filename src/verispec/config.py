@@ -21,8 +21,58 @@ def opt(default: Any, help: str, **kw: Any) -> Any:
 
 
 @dataclass(frozen=True)
+class StructuredOutputsParams:
+    """A constraint on the output, as vLLM's `StructuredOutputsParams`: set exactly one field.
+    Compiled by llguidance (structured/grammar.py); every drafted, verified and bonus token obeys it."""
+
+    json: dict | str | None = opt(None, "a JSON schema (dict or JSON text) the output must match")
+    regex: str | None = opt(None, "a regular expression the whole output must match")
+    choice: list[str] | None = opt(None, "the output is exactly one of these strings")
+    grammar: str | None = opt(None, "a context-free grammar: Lark syntax (llguidance's), or GBNF (with ::=)")
+    json_object: bool = opt(False, "any JSON object (OpenAI's response_format json_object)")
+
+    def __post_init__(self) -> None:
+        given = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        given += ["json_object"] if self.json_object is True else []
+        if self.json_object not in (True, False):
+            raise InvalidSamplingParamsError(f"json_object must be true or false, got {self.json_object!r}")
+        if len(given) != 1:
+            raise InvalidSamplingParamsError(
+                f"structured outputs take exactly one of json, regex, choice, grammar, json_object; got {given or 'none'}")
+        if self.json is not None and not isinstance(self.json, (dict, str)):
+            raise InvalidSamplingParamsError(f"json must be a JSON schema (dict or string), got {type(self.json).__name__}")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise InvalidSamplingParamsError(f"{name} must be a non-empty string, got {value!r}")
+        if self.choice is not None and (not isinstance(self.choice, list) or not self.choice
+                                        or any(not isinstance(c, str) or not c for c in self.choice)):
+            raise InvalidSamplingParamsError(f"choice must be a non-empty list of non-empty strings, got {self.choice!r}")
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> "StructuredOutputsParams":
+        if isinstance(raw, cls):
+            return raw
+        if not isinstance(raw, dict):
+            raise InvalidSamplingParamsError(f"structured_outputs must be a dict such as {{'json': schema}}, got {raw!r}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise InvalidSamplingParamsError(f"unknown structured_outputs field(s) {unknown}; known: {sorted(known)}")
+        return cls(**raw)
+
+
+MAX_LOGPROBS = 20  # top alternatives a request may ask for per token (OpenAI's and vLLM's default limit)
+
+
+@dataclass(frozen=True)
 class SamplingParams:
-    """How to pick tokens and when to stop. temperature 0 means greedy."""
+    """How to pick tokens and when to stop. temperature 0 means greedy.
+
+    Every option below applies at every position speculation verifies, exactly as plain decoding
+    applies it (penalties count the draft tokens before the position; the grammar is advanced
+    through them): speculation is never switched off for a request.
+    """
 
     temperature: float = opt(1.0, "sampling temperature; 0 = greedy")
     top_p: float = opt(1.0, "nucleus sampling mass in (0, 1]; 1 = off")
@@ -32,10 +82,53 @@ class SamplingParams:
     stop: list[str] | str | None = opt(None, "stop strings (not included in the text)")
     stop_token_ids: list[int] | None = opt(None, "token ids that end generation")
     ignore_eos: bool = opt(False, "keep generating past end-of-sequence tokens")
+    n: int = opt(1, "completions per prompt (seeded: completion i uses seed + i)")
+    presence_penalty: float = opt(0.0, "subtract this from the logit of every token already in the output, in [-2, 2]")
+    frequency_penalty: float = opt(0.0, "subtract this times its count in the output from each token's logit, in [-2, 2]")
+    repetition_penalty: float = opt(1.0, "divide positive logits (multiply negative ones) of tokens in the prompt or "
+                                         "output by this, > 0; 1 = off")
+    min_p: float = opt(0.0, "sampling: drop tokens less likely than min_p times the most likely one, in [0, 1]")
+    logit_bias: dict[int, float] | None = opt(None, "token id -> value added to its logit, in [-100, 100]")
+    logprobs: int | None = opt(None, f"log-probability of each output token and of its top n alternatives "
+                                     f"(0..{MAX_LOGPROBS}; None = none)")
+    prompt_logprobs: int | None = opt(None, f"the same for each prompt token after the first (0..{MAX_LOGPROBS})")
+    structured_outputs: StructuredOutputsParams | None = opt(None, "constrain the output to a JSON schema, regex, "
+                                                                   "choice or grammar")
 
     def __post_init__(self) -> None:
         def bad(msg: str) -> None:
             raise InvalidSamplingParamsError(msg)
+
+        def number(name: str, lo: float, hi: float, lo_open: bool = False) -> None:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v > hi or v < lo or (lo_open and v == lo):
+                bad(f"{name} must be in {'(' if lo_open else '['}{lo}, {hi}], got {v!r}")
+
+        number("presence_penalty", -2.0, 2.0)
+        number("frequency_penalty", -2.0, 2.0)
+        number("repetition_penalty", 0.0, 100.0, lo_open=True)
+        number("min_p", 0.0, 1.0)
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or not 1 <= self.n <= 128:
+            bad(f"n must be an integer in [1, 128], got {self.n!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_LOGPROBS):
+                bad(f"{name} must be an integer in [0, {MAX_LOGPROBS}] or None, got {v!r}")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                bad(f"logit_bias must be a dict of token id -> bias, got {type(self.logit_bias).__name__}")
+            bias = {}
+            for key, value in self.logit_bias.items():
+                try:
+                    token = int(key)  # JSON keys arrive as strings
+                except (TypeError, ValueError):
+                    bad(f"logit_bias keys must be token ids, got {key!r}")
+                if token < 0 or isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+                    bad(f"logit_bias maps token ids >= 0 to values in [-100, 100], got {key!r}: {value!r}")
+                bias[token] = float(value)
+            object.__setattr__(self, "logit_bias", bias or None)
+        if self.structured_outputs is not None:
+            object.__setattr__(self, "structured_outputs", StructuredOutputsParams.from_dict(self.structured_outputs))
 
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
             bad(f"temperature must be a number, got {self.temperature!r}")
@@ -62,6 +155,19 @@ class SamplingParams:
     def greedy(self) -> bool:
         # below this, logits / temperature overflows float32; vLLM draws the same line
         return self.temperature < 1e-5
+
+    def children(self) -> list["SamplingParams"]:
+        """The n single completions this asks for: completion i seeded with seed + i (when seeded)."""
+        if self.n == 1:
+            return [self]
+        return [dataclasses.replace(self, n=1, seed=None if self.seed is None else (self.seed + i) % 2**63)
+                for i in range(self.n)]
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether the logits go through more than temperature, top-k and top-p (engine/logits.py)."""
+        return bool(self.logit_bias or self.presence_penalty or self.frequency_penalty
+                    or self.repetition_penalty != 1.0 or self.structured_outputs is not None)
 
 
 @dataclass(frozen=True)
@@ -169,6 +275,14 @@ class EngineConfig:
         "(verification costs one pass over the weights per 2-3 rows); off: one pass per forward, "
         "rows agree only to ~1e-5 (the llamacpp backend is always batch-invariant)",
     )
+    max_num_seqs: int = opt(16, "most requests decoded together in the running batch (the server's, and "
+                                "LLM.generate's over several prompts)")
+    logprobs_mode: str = opt(
+        "raw_logprobs",
+        "what logprobs report (as vLLM's option): raw_logprobs, the model's log-softmax before any processing; "
+        "processed_logprobs, the distribution tokens are drawn from (logit_bias, penalties, the structured-output "
+        "mask, then, when sampling, temperature, min_p, top-k and top-p)",
+    )
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
     def __post_init__(self) -> None:
@@ -186,7 +300,9 @@ class EngineConfig:
             raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if not isinstance(self.batch_invariant, bool):
             raise ConfigError(f"batch_invariant must be true or false, got {self.batch_invariant!r}")
-        for name in ("max_model_len", "num_threads"):
+        if self.logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
+            raise ConfigError(f"logprobs_mode must be raw_logprobs or processed_logprobs, got {self.logprobs_mode!r}")
+        for name in ("max_model_len", "num_threads", "max_num_seqs"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
@@ -200,12 +316,11 @@ class ServerConfig:
     port: int = opt(8000, "port to listen on")
     api_key: str | None = opt(None, "require 'Authorization: Bearer <key>' on /v1 endpoints")
     served_model_name: str | None = opt(None, "model name clients send (default: --model)")
-    max_num_seqs: int = opt(16, "most requests decoded together in the running batch")
     max_waiting: int = opt(64, "most requests waiting for a place in the batch; more get HTTP 503")
     max_prompts_per_request: int = opt(16, "most prompts one /v1/completions request may carry")
 
     def __post_init__(self) -> None:
-        for name in ("port", "max_num_seqs", "max_waiting", "max_prompts_per_request"):
+        for name in ("port", "max_waiting", "max_prompts_per_request"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "port" else 1):
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")

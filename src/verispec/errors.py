@@ -29,6 +29,10 @@ class InvalidSamplingParamsError(VerispecError, ValueError):
     """A sampling parameter out of its allowed range."""
 
 
+class InvalidGrammarError(InvalidSamplingParamsError):
+    """A structured-output constraint (JSON schema, regex, grammar) that does not compile."""
+
+
 class IncompatibleDraftError(VerispecError):
     """A drafter that cannot serve this target (e.g. a different vocabulary)."""
 

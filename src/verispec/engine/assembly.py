@@ -66,18 +66,18 @@ def build_engine(config: EngineConfig, runner: ModelRunner | None = None) -> Eng
         torch.set_num_threads(config.num_threads)
     if runner is None:
         runner = build_runner(config.backend, runner_config(config))
-    decoder = build_decoder(runner, config.speculative)
+    decoder = build_decoder(runner, config.speculative, config.logprobs_mode)
     return Engine(config, runner, runner.tokenizer, decoder.proposer, decoder.policy, decoder)
 
 
-def build_decoder(runner: ModelRunner, spec: SpeculativeConfig | None) -> SpeculativeDecoder:
+def build_decoder(runner: ModelRunner, spec: SpeculativeConfig | None, logprobs_mode: str = "raw_logprobs") -> SpeculativeDecoder:
     """A decoder on `runner` with the drafter and policy `spec` asks for; `spec` None: plain
     decoding with no policy to build (no cost curve timed or read)."""
     if spec is None:
-        return SpeculativeDecoder(runner)
+        return SpeculativeDecoder(runner, logprobs_mode=logprobs_mode)
     proposer = create_proposer(spec, runner) if spec.method else None
     policy = build_policy(spec, getattr(proposer, "relative_cost", 0.0), runner)
-    return SpeculativeDecoder(runner, proposer, spec.num_speculative_tokens, policy)
+    return SpeculativeDecoder(runner, proposer, spec.num_speculative_tokens, policy, logprobs_mode)
 
 
 def build_policy(spec: SpeculativeConfig, draft_cost: float = 0.0, runner: ModelRunner | None = None) -> SpeculationPolicy:

@@ -3,12 +3,16 @@
 Invariant: the target's cache holds every token of the request except the last one (`pending`,
 the newest output token, not yet seen by the target). A step:
 
-  1. propose  the drafter offers up to k tokens continuing prompt + output;
+  1. propose  the drafter offers up to k tokens continuing prompt + output (cut at the first
+              token a structured-output grammar rejects);
   2. verify   one target forward over [pending] + draft -> logits at all k + 1 positions;
-  3. accept   greedy: keep drafts while they equal the target's argmax; sampling: lossless
-              rejection sampling; either way one more token (recovered or bonus) follows;
+  3. accept   each position's logits processed as plain decoding would (logit bias, grammar
+              mask, penalties counting the drafts before it: engine/logits.py); greedy: keep
+              drafts while they equal the argmax; sampling: lossless rejection sampling; either
+              way one more token (recovered or bonus) follows;
   4. commit   roll the target's cache back to the kept tokens, tell the drafter;
-  5. emit     append the kept tokens, stopping at exactly the token where a stop condition hits.
+  5. emit     append the kept tokens (and their logprobs), stopping at exactly the token where a
+              stop condition hits.
 
 Plain decoding is the same loop with no drafter (k = 0): a one-token forward and one token out.
 Where the runner verifies in chunks (`ModelRunner.verify_chunks`), step 2 forwards the rows a
@@ -25,14 +29,17 @@ from dataclasses import dataclass, field
 import torch
 
 from verispec.config import SamplingParams
+from verispec.engine.logits import LogitsProcessor
+from verispec.engine.logprobs import TokenLogprob, row_logprobs
 from verispec.engine.metrics import RequestMetrics
 from verispec.engine.policy import AcceptanceEstimate, SpeculationPolicy
 from verispec.engine.runner import BatchItem, ModelRunner
 from verispec.engine.stops import StopChecker
-from verispec.errors import ContextLengthError, InvalidPromptError
+from verispec.errors import ContextLengthError, InvalidPromptError, InvalidSamplingParamsError
 from verispec.proposers.base import Draft, Proposer, SequenceView
 from verispec.sampling.processors import logits_to_probs
 from verispec.sampling.rejection import VerifyOutput, greedy_verify, rejection_sample
+from verispec.structured.grammar import GrammarCompiler
 
 
 @dataclass
@@ -50,6 +57,9 @@ class Request:
     estimate: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)  # for the policy
     estimates: dict[str, AcceptanceEstimate] = field(default_factory=dict)  # per draft kind (Draft.kind)
     started: float = 0.0
+    processor: LogitsProcessor | None = None  # None: temperature, top-k, top-p and min-p only
+    logprobs: list[TokenLogprob] | None = None  # one per output token, when params.logprobs is set
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token (None for the first)
 
     @property
     def finished(self) -> bool:
@@ -67,12 +77,15 @@ class SpeculativeDecoder:
         proposer: Proposer | None = None,
         num_speculative_tokens: int = 0,
         policy: SpeculationPolicy | None = None,
+        logprobs_mode: str = "raw_logprobs",
     ) -> None:
         """`policy` chooses k per request and step; by default always `num_speculative_tokens`."""
         self.target = target
         self.proposer = proposer
         k = num_speculative_tokens if proposer is not None else 0
         self.policy = policy if policy is not None else SpeculationPolicy(k, adaptive=False)
+        self.logprobs_mode = logprobs_mode
+        self.grammars = GrammarCompiler(target.tokenizer, target.vocab_size)
         self._next_id = 0
 
     # -- request lifecycle --------------------------------------------------------------------
@@ -98,12 +111,20 @@ class SpeculativeDecoder:
         )
         req.metrics.num_prompt_tokens = len(prompt_ids)
         try:
+            if params.processes_logits:
+                grammar = self.grammars.matcher(params.structured_outputs) if params.structured_outputs else None
+                req.processor = LogitsProcessor(params, prompt_ids, self.target.vocab_size, grammar)
+                req.processor.begin_step([])
+            if params.logprobs is not None:
+                req.logprobs = []
+            if params.prompt_logprobs is not None:
+                req.prompt_logprobs = self._prompt_logprobs(prompt_ids, params.prompt_logprobs)
             if self.proposer is not None:
                 self.proposer.begin(view)
             logits = self.target.forward(req.target_seq, prompt_ids, num_logits=1).logits  # [1, vocab]
             req.metrics.num_target_forwards += 1
-            first = self._accept(req, logits, Draft(tokens=[]))
-            self._emit(req, first.output_tokens[0, :1].tolist())
+            first, dist = self._accept(req, logits, Draft(tokens=[]))
+            self._emit(req, first.output_tokens[0, :1].tolist(), logits, dist)
         except BaseException:
             self.finish(req)  # nothing held by a request that never started
             raise
@@ -140,6 +161,9 @@ class SpeculativeDecoder:
         """
         # 1. propose
         drafts = [self._propose(req, len(reqs)) for req in reqs]
+        for req, draft in zip(reqs, drafts):
+            if req.processor is not None:
+                req.processor.begin_step(draft.tokens)
         # 2. verify
         bases = [self.target.length(req.target_seq) for req in reqs]  # pending goes at base
         verified = self._verify(reqs, drafts)
@@ -147,7 +171,7 @@ class SpeculativeDecoder:
         for req, draft, base, logits in zip(reqs, drafts, bases, verified):
             req.metrics.num_target_forwards += 1
             # 3. accept (over the rows verified: a greedy verification may have stopped early)
-            result = self._accept(req, logits, Draft(draft.tokens[: logits.shape[0] - 1], draft.probs))  # [m, vocab]
+            result, dist = self._accept(req, logits, Draft(draft.tokens[: logits.shape[0] - 1], draft.probs))  # [m, vocab]
             num_accepted = int(result.num_accepted[0])
             block = result.output_tokens[0, : num_accepted + 1].tolist()
             # 4. commit
@@ -158,7 +182,7 @@ class SpeculativeDecoder:
                 if draft.kind is not None:
                     req.estimates[draft.kind].observe(len(draft), num_accepted)
             # 5. emit
-            emitted = self._emit(req, block)
+            emitted = self._emit(req, block, logits, dist)
             req.metrics.observe_draft(len(draft), min(num_accepted, len(emitted)))
             emitted_all.append(emitted)
         return emitted_all
@@ -187,7 +211,8 @@ class SpeculativeDecoder:
             still = []
             for i, n, out in zip(active, sizes, self.target.forward_batch(items)):
                 parts[i].append(out.logits)  # [n, vocab]: the targets of rows[i][done + 1 .. done + n]
-                agreed = not reqs[i].params.greedy or out.logits.argmax(-1).tolist() == rows[i][done[i] + 1 : done[i] + 1 + n]
+                chosen = out.logits if reqs[i].processor is None else reqs[i].processor.process(out.logits, done[i])
+                agreed = not reqs[i].params.greedy or chosen.argmax(-1).tolist() == rows[i][done[i] + 1 : done[i] + 1 + n]
                 done[i] += n
                 if chunk + 1 < len(plans[i]) and agreed:
                     still.append(i)
@@ -207,31 +232,81 @@ class SpeculativeDecoder:
                 return Draft(tokens=[])
             estimate = req.estimates.setdefault(draft.kind or "", AcceptanceEstimate())
             k = min(self.policy.choose(estimate, batch_size, early_exit), len(draft))
-            return Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k], kind=draft.kind or "")
+            return self._allowed(req, Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k], kind=draft.kind or ""))
         k = min(self.policy.choose(req.estimate, batch_size, early_exit), room)
         if k <= 0:
             return Draft(tokens=[])
         draft = self.proposer.propose(req.view, k)
-        return Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k])
+        return self._allowed(req, Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k]))
 
-    def _accept(self, req: Request, logits: torch.Tensor, draft: Draft) -> VerifyOutput:
+    def _allowed(self, req: Request, draft: Draft) -> Draft:
+        """The draft cut where its request's grammar rejects a token: nothing after it could be kept.
+
+        A deterministic draft (no probs) is cut before that token. A sampled draft keeps it, as a
+        sure rejection (the masked target gives it probability 0): the next token must then come
+        from the residual max(0, p - q), not from p, or the output is no longer distributed as the
+        target's (tests/test_logits_processing.py checks both ways)."""
+        if req.processor is None or not len(draft):
+            return draft
+        n = req.processor.valid_prefix(draft.tokens)
+        if n == len(draft):
+            return draft
+        n += draft.probs is not None
+        if n == 0:  # nothing left to verify: the drafter learns now that none of it was kept
+            self.proposer.accept(req.view, 0)
+            return Draft(tokens=[])
+        return Draft(draft.tokens[:n], None if draft.probs is None else draft.probs[:n], kind=draft.kind)
+
+    def _accept(self, req: Request, logits: torch.Tensor, draft: Draft) -> tuple[VerifyOutput, torch.Tensor]:
+        """Verify the draft on the target's [n + 1, vocab] logits; also returns the distribution
+        tokens were chosen from (processed logits when greedy, probabilities when sampling)."""
         draft_tokens = torch.tensor([draft.tokens], dtype=torch.int64)  # [1, n]
+        if req.processor is not None:
+            logits = req.processor.process(logits)
         if req.params.greedy:
-            return greedy_verify(logits.argmax(dim=-1)[None], draft_tokens)
+            return greedy_verify(logits.argmax(dim=-1)[None], draft_tokens), logits
         p = req.params
-        target_probs = logits_to_probs(logits, p.temperature, p.top_k, p.top_p)[None]  # [1, n + 1, vocab]
+        # row by row: each row's distribution is the one plain decoding computes for it
+        target_probs = torch.cat([logits_to_probs(row[None], p.temperature, p.top_k, p.top_p, p.min_p)
+                                  for row in logits])  # [n + 1, vocab]
         draft_probs = None if draft.probs is None else draft.probs[None]  # [1, n, vocab]
-        return rejection_sample(target_probs, draft_probs, draft_tokens, generators=req.view.generator)
+        return rejection_sample(target_probs[None], draft_probs, draft_tokens, generators=req.view.generator), target_probs
 
-    def _emit(self, req: Request, block: list[int]) -> list[int]:
+    def _emit(self, req: Request, block: list[int], raw: torch.Tensor | None = None, dist: torch.Tensor | None = None) -> list[int]:
+        """Append the block up to its first stop; raw/dist: the step's rows (for logprobs)."""
         result = req.stops.check(req.output_ids, block)
         kept = block[: result.num_kept]
         req.output_ids.extend(kept)
         req.view.tokens.extend(kept)
+        if req.processor is not None:
+            req.processor.commit(kept)
+        if req.logprobs is not None:
+            num_top = req.params.logprobs or 0
+            for j, token in enumerate(kept):
+                if self.logprobs_mode == "raw_logprobs":
+                    req.logprobs.append(row_logprobs(raw[j], token, num_top))
+                elif req.params.greedy:
+                    req.logprobs.append(row_logprobs(dist[j], token, num_top))
+                else:
+                    req.logprobs.append(row_logprobs(torch.log(dist[j]), token, num_top, log_probs=True))
         if result.finish_reason is not None:
             req.finish_reason = result.finish_reason
             req.text_end = result.text_end
         return kept
+
+    def _prompt_logprobs(self, prompt_ids: list[int], num_top: int) -> list[TokenLogprob | None]:
+        """Raw logprobs of each prompt token after the first, from a separate scoring pass, so the
+        request's own prefill (and so its output) is the one every other request gets."""
+        out: list[TokenLogprob | None] = [None]
+        if len(prompt_ids) < 2:
+            return out
+        seq = self.target.open(len(prompt_ids))
+        try:
+            logits = self.target.forward(seq, prompt_ids, num_logits=len(prompt_ids) - 1).logits  # [n - 1, vocab]
+        finally:
+            self.target.close(seq)
+        out += [row_logprobs(logits[j], prompt_ids[j + 1], num_top) for j in range(len(prompt_ids) - 1)]
+        return out
 
     # -- checks -------------------------------------------------------------------------------
     def check_prompt(self, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -241,6 +316,11 @@ class SpeculativeDecoder:
         bad = [t for t in prompt_ids if not 0 <= t < vocab]
         if bad:
             raise InvalidPromptError(f"prompt token ids out of the vocabulary [0, {vocab}): {bad[:5]}")
+        bad = [t for t in params.logit_bias or {} if t >= vocab]
+        if bad:
+            raise InvalidSamplingParamsError(f"logit_bias token ids out of the vocabulary [0, {vocab}): {bad[:5]}")
+        if params.structured_outputs is not None:
+            self.grammars.grammar(params.structured_outputs)  # InvalidGrammarError now, not at admission
         need = len(prompt_ids) + params.max_tokens
         if need > self.target.max_context:
             raise ContextLengthError(

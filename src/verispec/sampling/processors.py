@@ -5,8 +5,9 @@ parameters: the rejection sampler is only lossless for the distributions it is g
 a draft q taken from unprocessed logits while the target used top-k/top-p is a bug the
 field has shipped (transformers #47932).
 
-Order, as in vLLM and HF: divide by temperature, keep the top_k logits, then keep the
-nucleus (top_p) of the renormalised top-k distribution, renormalise.
+Order, as in vLLM and HF: divide by temperature, drop the tokens under min_p times the most
+likely one, keep the top_k logits, then keep the nucleus (top_p) of the renormalised top-k
+distribution, renormalise.
 
 Ties are resolved deterministically by token id: among equal logits the lower id ranks
 first, so it is the one kept when a cut falls inside a tie. Example, top_k=2:
@@ -30,8 +31,10 @@ def logits_to_probs(
     temperature: float,
     top_k: int = 0,
     top_p: float = 1.0,
+    min_p: float = 0.0,
 ) -> torch.Tensor:  # [..., vocab] float32, each row sums to 1
-    """Processed sampling distribution: temperature, then top-k (0 or -1 = off), then top-p
+    """Processed sampling distribution: temperature, then min-p (0 = off: tokens with
+    probability < min_p * the largest are dropped), then top-k (0 or -1 = off), then top-p
     (1.0 = off; the smallest set of most likely tokens whose mass >= top_p, always at least
     the most likely token), renormalised. Every leading dimension is a separate row."""
     if not temperature > 0:
@@ -43,7 +46,14 @@ def logits_to_probs(
     if top_k < -1:
         raise InvalidSamplingParamsError(f"top_k must be -1, 0 (off) or positive, got {top_k}")
 
+    if not 0.0 <= min_p <= 1.0:
+        raise InvalidSamplingParamsError(f"min_p must be in [0, 1], got {min_p}")
+
     scaled = logits.float() / temperature
+    if min_p > 0.0:
+        probs = torch.softmax(scaled, dim=-1)
+        floor = probs.amax(dim=-1, keepdim=True) * min_p
+        scaled = scaled.masked_fill(probs < floor, float("-inf"))  # the most likely token always stays
     vocab = scaled.shape[-1]
     use_top_k = 0 < top_k < vocab
     use_top_p = top_p < 1.0

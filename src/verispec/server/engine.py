@@ -56,7 +56,7 @@ class AsyncEngine:
             c = self.engine_config
             engine = build_engine(c)
             s = self.server_config
-            scheduler = Scheduler(engine.decoder, s.max_num_seqs, s.max_waiting, on_retire=self.metrics.on_retire)
+            scheduler = Scheduler(engine.decoder, c.max_num_seqs, s.max_waiting, on_retire=self.metrics.on_retire)
             self.metrics.bind(
                 lambda: scheduler.num_running,
                 lambda: scheduler.num_waiting,

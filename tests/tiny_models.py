@@ -105,7 +105,10 @@ def save_byte_tokenizer(folder: Path, vocab: int) -> None:
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(["<pad>", "<s>", "</s>"])
     tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps(dict(bos_token="<s>", eos_token="</s>")))
+    (folder / "tokenizer_config.json").write_text(json.dumps(dict(
+        bos_token="<s>", eos_token="</s>",
+        chat_template="{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                      "{% if add_generation_prompt %}<assistant>{% endif %}")))
 
 
 def save_word_tokenizer(folder: Path, vocab: int = VOCAB) -> None:

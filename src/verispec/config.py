@@ -317,10 +317,11 @@ class ServerConfig:
     api_key: str | None = opt(None, "require 'Authorization: Bearer <key>' on /v1 endpoints")
     served_model_name: str | None = opt(None, "model name clients send (default: --model)")
     max_waiting: int = opt(64, "most requests waiting for a place in the batch; more get HTTP 503")
-    max_prompts_per_request: int = opt(16, "most prompts one /v1/completions request may carry")
+    max_prompts_per_request: int = opt(16, "most completions one request may ask for (prompts x n)")
+    max_request_bytes: int = opt(4 * 2**20, "request bodies over this many bytes get HTTP 413 before they are read whole")
 
     def __post_init__(self) -> None:
-        for name in ("port", "max_waiting", "max_prompts_per_request"):
+        for name in ("port", "max_waiting", "max_prompts_per_request", "max_request_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "port" else 1):
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")

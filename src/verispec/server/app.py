@@ -20,7 +20,7 @@ import secrets
 import time
 import uuid
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, NamedTuple
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -33,6 +33,7 @@ from verispec.engine.scheduler import Handle
 from verispec.errors import VerispecError
 from verispec.server.engine import AsyncEngine, RequestStream, TextDeltas
 from verispec.server.errors import APIError, from_engine_error, from_http_status, from_validation_errors
+from verispec.server.logprobs import TokenStrings, chat_logprobs, completion_logprobs
 from verispec.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
 
 
@@ -50,6 +51,7 @@ def create_app(engine_config: EngineConfig | None = None, server_config: ServerC
         engine.shutdown()
 
     app = FastAPI(title="verispec", description="Lossless speculative decoding, OpenAI-compatible.", lifespan=lifespan)
+    app.add_middleware(BodyLimit, limit=server_config.max_request_bytes)
     app.state.engine = engine
     _install_error_handlers(app)
 
@@ -80,31 +82,61 @@ def create_app(engine_config: EngineConfig | None = None, server_config: ServerC
             card["max_model_len"] = engine.loaded.runner.max_context
         return {"object": "list", "data": [card]}
 
+    def check_choices(count: int, n: int) -> None:
+        limit = server_config.max_prompts_per_request
+        if count * n > limit:
+            param = "n" if n > 1 else "prompt"
+            raise APIError(400, f"at most {limit} completions per request (prompts x n), got {count} x {n}", param=param)
+
+    def expand(prompt_items: list[tuple[list[int], SamplingParams, str | None]]) -> list[_Item]:
+        """Each prompt's n completions, in OpenAI's choice order (prompt by prompt)."""
+        return [_Item(ids, child, text) for ids, params, text in prompt_items for child in params.children()]
+
+    def precompile(params: SamplingParams) -> None:
+        if params.structured_outputs is not None:  # InvalidGrammarError (a 400) here, off the event loop
+            engine.loaded.decoder.grammars.grammar(params.structured_outputs)
+
     @app.post("/v1/completions", dependencies=[Depends(check_api_key)])
     async def completions(body: CompletionRequest, request: Request) -> Response:
         check_model(body.model)
         engine.check_ready()
         prompts = body.prompts()
-        if len(prompts) > server_config.max_prompts_per_request:
-            raise APIError(400, f"at most {server_config.max_prompts_per_request} prompts per request", param="prompt")
-        tokenizer = engine.loaded.tokenizer
-        items = []
-        for p in prompts:
-            if isinstance(p, list) and not p:
-                raise APIError(400, "a token-id prompt is empty", param="prompt")
-            ids = tokenizer.encode(p) if isinstance(p, str) else list(p)
-            items.append((ids, _params(body, ids, body.max_tokens, "prompt")))
-        return await _respond(request, engine, items, _Shape("text_completion", model_name, chat=False), body.include_usage, body.stream)
+        check_choices(len(prompts), body.n)
+
+        def prepare() -> list[_Item]:  # tokenising and compiling grammars on a worker thread
+            tokenizer = engine.loaded.tokenizer
+            out = []
+            for p in prompts:
+                if isinstance(p, list) and not p:
+                    raise APIError(400, "a token-id prompt is empty", param="prompt")
+                ids = tokenizer.encode(p) if isinstance(p, str) else list(p)
+                params = _params(body, ids, body.max_tokens, "prompt", body.params)
+                precompile(params)
+                text = (p if isinstance(p, str) else tokenizer.decode(ids)) if body.echo else None
+                out.append((ids, params, text))
+            return expand(out)
+
+        items = await asyncio.to_thread(prepare)
+        shape = _Shape("text_completion", model_name, chat=False, strings=engine.token_strings)
+        return await _respond(request, engine, items, shape, body.include_usage, body.stream)
 
     @app.post("/v1/chat/completions", dependencies=[Depends(check_api_key)])
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         check_model(body.model)
         engine.check_ready()
-        ids = engine.loaded.tokenizer.encode_chat([m.as_template_message() for m in body.messages])
-        items = [(ids, _params(body, ids, body.requested_max_tokens, "messages"))]
-        return await _respond(request, engine, items, _Shape("chat.completion", model_name, chat=True), body.include_usage, body.stream)
+        check_choices(1, body.n)
 
-    def _params(body: _SamplingFields, ids: list[int], max_tokens: int | None, prompt_param: str) -> SamplingParams:
+        def prepare() -> list[_Item]:
+            ids = engine.loaded.tokenizer.encode_chat([m.as_template_message() for m in body.messages])
+            params = _params(body, ids, body.requested_max_tokens, "messages", body.params)
+            precompile(params)
+            return expand([(ids, params, None)])
+
+        items = await asyncio.to_thread(prepare)
+        shape = _Shape("chat.completion", model_name, chat=True, strings=engine.token_strings)
+        return await _respond(request, engine, items, shape, body.include_usage, body.stream)
+
+    def _params(body: _SamplingFields, ids: list[int], max_tokens: int | None, prompt_param: str, build) -> SamplingParams:
         context = engine.loaded.runner.max_context
         if len(ids) >= context:
             raise APIError(
@@ -118,9 +150,49 @@ def create_app(engine_config: EngineConfig | None = None, server_config: ServerC
                 400, f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds this model's context of {context} tokens",
                 param="max_tokens", code="context_length_exceeded",
             )
-        return body.sampling_params(max_tokens)
+        return build(max_tokens)
 
     return app
+
+
+class BodyLimit:
+    """413 for a request body over `limit` bytes, before anything parses it: at once from its
+    Content-Length, or as soon as a chunked body passes the limit (the rest is never read)."""
+
+    def __init__(self, app, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            return await self._refuse(send)
+        messages, size = [], 0
+        while True:  # the whole body, or the limit: FastAPI would read it whole anyway
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            size += len(message.get("body", b""))
+            if size > self.limit:
+                return await self._refuse(send)
+            if not message.get("more_body", False):
+                break
+
+        async def replay():
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, send) -> None:
+        body = json.dumps(APIError(413, f"the request body is over this server's limit of {self.limit} bytes "
+                                        "(--max-request-bytes)", code="request_too_large").body()).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -149,13 +221,22 @@ def _install_error_handlers(app: FastAPI) -> None:
         return answer(from_engine_error(exc))
 
 
+class _Item(NamedTuple):
+    """One choice to run."""
+
+    ids: list[int]  # the prompt
+    params: SamplingParams  # its single completion's
+    echo: str | None  # prompt text to echo (completions with echo), else None
+
+
 class _Shape:
     """What differs between completion and chat responses."""
 
-    def __init__(self, object_name: str, model: str, chat: bool) -> None:
+    def __init__(self, object_name: str, model: str, chat: bool, strings: TokenStrings) -> None:
         self.object = object_name
         self.model = model
         self.chat = chat
+        self.strings = strings
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
 
@@ -163,24 +244,41 @@ class _Shape:
         obj = self.object + (".chunk" if chunk and self.chat else "")
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
-    def choice(self, index: int, text: str, finish_reason: str | None, chunk: bool, first: bool = False) -> dict:
+    def choice(self, index: int, text: str, finish_reason: str | None, chunk: bool, first: bool = False,
+               logprobs: dict | None = None) -> dict:
         if not self.chat:
-            return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         if chunk:
             delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
-            return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish_reason}
+            return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish_reason}
+
+    def logprobs(self, item: _Item, handle: Handle, start: int, end: int, echo: bool, offset: int = 0) -> dict | None:
+        """The logprobs of output tokens start..end (and of the prompt, echoing): None when not asked."""
+        req = handle.req
+        if req is None or req.logprobs is None:
+            return None
+        entries = req.logprobs[start:end]
+        if self.chat:
+            return chat_logprobs(entries, self.strings)
+        tokens = handle.output_ids[start:end]
+        if echo and req.prompt_logprobs is not None:
+            tokens, entries = list(item.ids) + tokens, list(req.prompt_logprobs) + entries
+        return completion_logprobs(tokens, entries, self.strings, offset)
 
 
-async def _respond(request: Request, engine: AsyncEngine, items, shape: _Shape, include_usage: bool, stream: bool) -> Response:
-    stream_obj = engine.submit(items)  # typed refusals (queue full, context) raise here: a 4xx/503
+async def _respond(request: Request, engine: AsyncEngine, items: list[_Item], shape: _Shape, include_usage: bool, stream: bool) -> Response:
+    stream_obj = engine.submit([(ids, params) for ids, params, _ in items])  # typed refusals (queue full, context): a 4xx/503
     if stream:
         return StreamingResponse(_sse(stream_obj, engine, items, shape, include_usage), media_type="text/event-stream")
     try:
         handles = await _until_done(request, stream_obj)
     finally:
         stream_obj.abort()
-    choices = [shape.choice(i, h.text(), h.finish_reason, chunk=False) for i, h in enumerate(handles)]
+    choices = []
+    for i, (item, h) in enumerate(zip(items, handles)):
+        logprobs = shape.logprobs(item, h, 0, len(h.output_ids), echo=item.echo is not None)
+        choices.append(shape.choice(i, (item.echo or "") + h.text(), h.finish_reason, chunk=False, logprobs=logprobs))
     return JSONResponse({**shape.envelope(choices), "usage": usage(handles)})
 
 
@@ -204,21 +302,31 @@ async def _until_done(request: Request, stream: RequestStream) -> list[Handle]:
             raise APIError(499, "client disconnected")
 
 
-async def _sse(stream: RequestStream, engine: AsyncEngine, items, shape: _Shape, include_usage: bool) -> AsyncIterator[str]:
-    deltas = [TextDeltas(engine.loaded.tokenizer, params) for _, params in items]
+async def _sse(stream: RequestStream, engine: AsyncEngine, items: list[_Item], shape: _Shape, include_usage: bool) -> AsyncIterator[str]:
+    deltas = [TextDeltas(engine.loaded.tokenizer, params) for _, params, _ in items]
     first = [shape.chat] * len(items)  # chat streams open each choice with the assistant role
+    sent = [0] * len(items)  # output tokens whose logprobs went out
+    extra = {"usage": None} if include_usage else {}
     try:
+        for index, (ids, _, echo) in enumerate(items):  # echo: the prompt first (completions only)
+            if echo is not None:
+                yield _data({**shape.envelope([shape.choice(index, echo, None, chunk=True)], chunk=True), **extra})
         async for item in stream.events():
             ev = item.event
             if ev.error is not None:
                 yield _data(from_engine_error(ev.error).body())
                 break
-            text = deltas[item.index].delta(ev)
+            i = item.index
+            offset = len(items[i].echo or "") + deltas[i].sent  # text_offset counts from the choice's start
+            text = deltas[i].delta(ev)
             finish = ev.handle.finish_reason if ev.finished else None
-            if text or finish or first[item.index]:
-                choice = shape.choice(item.index, text, finish, chunk=True, first=first[item.index])
-                first[item.index] = False
-                yield _data({**shape.envelope([choice], chunk=True), **({"usage": None} if include_usage else {})})
+            end = sent[i] + len(ev.new_token_ids)
+            logprobs = shape.logprobs(items[i], ev.handle, sent[i], end, echo=False, offset=offset)
+            sent[i] = end
+            if text or finish or first[i] or (logprobs and ev.new_token_ids):
+                choice = shape.choice(i, text, finish, chunk=True, first=first[i], logprobs=logprobs)
+                first[i] = False
+                yield _data({**shape.envelope([choice], chunk=True), **extra})
         else:
             if include_usage:
                 yield _data({**shape.envelope([], chunk=True), "usage": usage(stream.handles)})

@@ -21,6 +21,7 @@ from typing import AsyncIterator
 from verispec.config import EngineConfig, SamplingParams, ServerConfig
 from verispec.engine.scheduler import EngineLoop, Event, Handle, Scheduler
 from verispec.errors import EngineNotReadyError
+from verispec.server.logprobs import TokenStrings
 from verispec.server.metrics import ServerMetrics
 
 log = logging.getLogger("verispec")
@@ -38,6 +39,7 @@ class AsyncEngine:
         self.server_config = server_config
         self.metrics = ServerMetrics(model_name)
         self.loaded = None  # the assembled engine (engine/assembly.py), once loaded
+        self.token_strings: TokenStrings | None = None  # for logprobs, once loaded
         self.scheduler: Scheduler | None = None
         self.loop: EngineLoop | None = None
         self.load_error: Exception | None = None
@@ -66,6 +68,7 @@ class AsyncEngine:
                 lambda: getattr(engine.proposer, "cached_tokens", 0),
             )
             self.loaded, self.scheduler = engine, scheduler
+            self.token_strings = TokenStrings(engine.tokenizer, engine.decoder.grammars)
             self.loop = EngineLoop(scheduler)
             self.loop.start()
             self._ready.set()

@@ -12,7 +12,8 @@ from http import HTTPStatus
 
 from verispec import errors as E
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 503: "server_error"}
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error",
+          503: "server_error"}
 
 
 class APIError(Exception):
@@ -31,7 +32,9 @@ class APIError(Exception):
 # engine error class -> (status, param, code); the first matching class wins (subclasses first)
 _ENGINE_ERRORS: list[tuple[type[Exception], int, str | None, str | None]] = [
     (E.ContextLengthError, 400, "max_tokens", "context_length_exceeded"),
+    (E.InvalidGrammarError, 400, None, "invalid_structured_output"),
     (E.InvalidSamplingParamsError, 400, None, None),
+    (E.UnsupportedModelError, 400, None, "unsupported"),
     (E.InvalidPromptError, 400, "prompt", None),
     (E.ChatTemplateError, 400, "messages", None),
     (E.QueueFullError, 503, None, "queue_full"),

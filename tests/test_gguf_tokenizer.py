@@ -341,3 +341,15 @@ def test_module_does_not_import_transformers():
             raise AssertionError("dynamic import in gguf_tokenizer")
     assert "tokenizers" in imported and "verispec" in imported  # the walk does see the imports
     assert "transformers" not in imported
+
+
+def test_long_texts_encode_the_same_through_the_gil_free_path(model):
+    """Tokenizer.encode sends texts over LONG_TEXT characters through encode_batch (it releases the
+    GIL); the ids are the short path's."""
+    from verispec.models.tokenizer import LONG_TEXT, Tokenizer
+
+    name, ours, info, _, _, _ = model
+    text = " ".join(MODELS[name]["texts"]) * (LONG_TEXT // 200 + 1)
+    assert len(text) > LONG_TEXT
+    wrapped = Tokenizer(ours, info.bos_token_id, info.eos_token_ids, info.add_bos_token, None)
+    assert wrapped.encode(text) == ([info.bos_token_id] if info.add_bos_token else []) + ours.encode(text, add_special_tokens=False).ids

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import httpx2 as httpx
 import openai
@@ -123,3 +124,34 @@ def test_load_script_smoke(tiny_dir, capsys, tmp_path):
         assert cells[2] == "4" and cells[3] == "0" and float(cells[4]) > 0  # requests, errors, tokens/s
     assert out.count("overhead") == 2
     assert f"verispec serve --model {model} --backend torch`" in out
+
+
+def test_oversized_bodies_get_413_before_parsing_and_health_stays_quick(tiny_dir):
+    # a process of its own: /health's wait is the server's, not this process's threads'
+    with server_process("--model", str(tiny_dir("llama")), "--served-model-name", "tiny", "--max-request-bytes", "2000000") as base:
+        big = b'{"model": "tiny", "prompt": "' + b"w5 " * 3_000_000 + b'"}'  # 9 MB
+        t0 = time.perf_counter()
+        r = httpx.post(base + "/v1/completions", content=big, headers={"content-type": "application/json"}, timeout=30)
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+        assert time.perf_counter() - t0 < 5
+
+        def chunks():  # no Content-Length: refused once the limit is passed
+            yield big[:1_000_000]
+            yield big[1_000_000:3_000_000]
+            yield big[3_000_000:]
+        r = httpx.post(base + "/v1/completions", content=chunks(), headers={"content-type": "application/json"}, timeout=30)
+        assert r.status_code == 413
+
+        # a prompt just under the limit is tokenised on a worker thread: /health answers meanwhile
+        under = {"model": "tiny", "prompt": "w5 " * 600_000, "max_tokens": 2}
+        answer = []
+        t = threading.Thread(target=lambda: answer.append(httpx.post(base + "/v1/completions", json=under, timeout=60)))
+        t.start()
+        waits = []
+        while t.is_alive():
+            t1 = time.perf_counter()
+            assert httpx.get(base + "/health", timeout=30).status_code == 200
+            waits.append(time.perf_counter() - t1)
+        t.join()
+        assert answer[0].status_code == 400 and answer[0].json()["error"]["code"] == "context_length_exceeded"
+        assert max(waits) < 0.5, waits

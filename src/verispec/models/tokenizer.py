@@ -29,6 +29,9 @@ GEMMA_FALLBACK_TEMPLATE = (
 )
 
 
+LONG_TEXT = 16384  # characters
+
+
 class Tokenizer:
     def __init__(
         self,
@@ -124,10 +127,17 @@ class Tokenizer:
         return cls(tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json")), **meta)
 
     # -- use ----------------------------------------------------------------------------------
+    def _encode(self, text: str, add_special_tokens: bool):
+        # a long text through encode_batch, which releases the GIL while it works (encode holds it):
+        # a server tokenising a large prompt on a worker thread keeps answering meanwhile
+        if len(text) > LONG_TEXT:
+            return self.tok.encode_batch([text], add_special_tokens=add_special_tokens)[0]
+        return self.tok.encode(text, add_special_tokens=add_special_tokens)
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if self.use_post_processor:
-            return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
-        ids = self.tok.encode(text, add_special_tokens=False).ids
+            return self._encode(text, add_special_tokens).ids
+        ids = self._encode(text, False).ids
         if add_special_tokens and self.add_bos and self.bos_token_id is not None:
             if not ids or ids[0] != self.bos_token_id:
                 ids = [self.bos_token_id, *ids]

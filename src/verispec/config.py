@@ -283,6 +283,18 @@ class EngineConfig:
         "processed_logprobs, the distribution tokens are drawn from (logit_bias, penalties, the structured-output "
         "mask, then, when sampling, temperature, min_p, top-k and top-p)",
     )
+    enable_prefix_caching: bool = opt(
+        False,
+        "reuse the keys and values of earlier requests' prefixes (system prompts, earlier turns), up to "
+        "prefix_cache_max_bytes; prompts are then prefilled through the decoding kernels (~1.25x slower "
+        "cold) so a request's tokens never depend on what was cached (torch backend, batch_invariant)",
+    )
+    prefix_cache_max_bytes: int = opt(2**30, "memory for cached prefixes; least recently used blocks leave first")
+    enable_chunked_prefill: bool = opt(
+        False,
+        "prefill prompts a chunk of rows at a time between decoding steps, so running streams keep their "
+        "pace while a long prompt arrives (the server's scheduler; torch backend, batch_invariant)",
+    )
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
     def __post_init__(self) -> None:
@@ -302,7 +314,13 @@ class EngineConfig:
             raise ConfigError(f"batch_invariant must be true or false, got {self.batch_invariant!r}")
         if self.logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
             raise ConfigError(f"logprobs_mode must be raw_logprobs or processed_logprobs, got {self.logprobs_mode!r}")
-        for name in ("max_model_len", "num_threads", "max_num_seqs"):
+        for name in ("enable_prefix_caching", "enable_chunked_prefill"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if (self.enable_prefix_caching or self.enable_chunked_prefill) and (self.backend != "torch" or not self.batch_invariant):
+            raise ConfigError("prefix caching and chunked prefill need the torch backend with batch_invariant on "
+                              "(keys and values must not depend on how a prompt is split)")
+        for name in ("max_model_len", "num_threads", "max_num_seqs", "prefix_cache_max_bytes"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")

@@ -22,6 +22,7 @@ from verispec.config import EngineConfig, SpeculativeConfig
 from verispec.engine.backends import RunnerConfig, build_runner
 from verispec.engine.costs import CostProfile, backend_cost, cached_cost, measured_cost, profile_cost
 from verispec.engine.policy import SpeculationPolicy
+from verispec.engine.prefix_cache import PrefixCache
 from verispec.engine.runner import ModelRunner
 from verispec.engine.speculative import SpeculativeDecoder
 from verispec.errors import ConfigError
@@ -66,18 +67,29 @@ def build_engine(config: EngineConfig, runner: ModelRunner | None = None) -> Eng
         torch.set_num_threads(config.num_threads)
     if runner is None:
         runner = build_runner(config.backend, runner_config(config))
-    decoder = build_decoder(runner, config.speculative, config.logprobs_mode)
+    decoder = build_decoder(runner, config.speculative, config)
     return Engine(config, runner, runner.tokenizer, decoder.proposer, decoder.policy, decoder)
 
 
-def build_decoder(runner: ModelRunner, spec: SpeculativeConfig | None, logprobs_mode: str = "raw_logprobs") -> SpeculativeDecoder:
+def build_decoder(runner: ModelRunner, spec: SpeculativeConfig | None, engine: EngineConfig | None = None) -> SpeculativeDecoder:
     """A decoder on `runner` with the drafter and policy `spec` asks for; `spec` None: plain
-    decoding with no policy to build (no cost curve timed or read)."""
+    decoding with no policy to build (no cost curve timed or read). `engine`: the options of
+    prompts and outputs (prefix caching, chunked prefill, logprobs mode); None: the defaults."""
+    engine = engine or EngineConfig()
+    prefix_cache, prefill_rows = None, None
+    if engine.enable_prefix_caching or engine.enable_chunked_prefill:
+        prefill_rows = getattr(runner, "invariant_prefill_rows", None)
+        if prefill_rows is None:
+            raise ConfigError("prefix caching and chunked prefill need the row-wise kernels (float32 on the CPU) "
+                              "with batch_invariant on")
+        if engine.enable_prefix_caching:
+            prefix_cache = PrefixCache(runner, engine.prefix_cache_max_bytes)
+    options = dict(logprobs_mode=engine.logprobs_mode, prefix_cache=prefix_cache, prefill_rows=prefill_rows)
     if spec is None:
-        return SpeculativeDecoder(runner, logprobs_mode=logprobs_mode)
+        return SpeculativeDecoder(runner, **options)
     proposer = create_proposer(spec, runner) if spec.method else None
     policy = build_policy(spec, getattr(proposer, "relative_cost", 0.0), runner)
-    return SpeculativeDecoder(runner, proposer, spec.num_speculative_tokens, policy, logprobs_mode)
+    return SpeculativeDecoder(runner, proposer, spec.num_speculative_tokens, policy, **options)
 
 
 def build_policy(spec: SpeculativeConfig, draft_cost: float = 0.0, runner: ModelRunner | None = None) -> SpeculationPolicy:

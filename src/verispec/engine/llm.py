@@ -129,7 +129,8 @@ class LLM:
     def _run(self, items: list[tuple[str | None, list[int]]], params: list[SamplingParams], use_tqdm: bool) -> list[RequestOutput]:
         """Every prompt's n completions through one scheduler, stepped on this thread."""
         total = sum(p.n for p in params)
-        scheduler = Scheduler(self.decoder, max_num_seqs=self.config.max_num_seqs, max_waiting=total)
+        scheduler = Scheduler(self.decoder, max_num_seqs=self.config.max_num_seqs, max_waiting=total,
+                              chunked_prefill=self.config.enable_chunked_prefill)
         errors: list[Exception] = []
         progress = None
         if use_tqdm:

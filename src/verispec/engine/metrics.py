@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 @dataclass
 class RequestMetrics:
     num_prompt_tokens: int = 0
+    num_cached_prompt_tokens: int | None = None  # of which reused from the prefix cache (None: no prefix cache)
     num_output_tokens: int = 0
     num_drafts: int = 0
     num_draft_tokens: int = 0

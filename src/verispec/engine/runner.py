@@ -20,7 +20,7 @@ from verispec.engine.costs import CostCurve, torch_cost
 from verispec.models.config import ModelConfig
 from verispec.models.kv_cache import KVCache
 from verispec.models.quant import weight_bytes
-from verispec.models.transformer import ForwardOutput, Segment, Transformer, invariant_chunks
+from verispec.models.transformer import PROMPT_ROWS, ForwardOutput, Segment, Transformer, invariant_chunks
 from verispec.models.tokenizer import Tokenizer
 
 
@@ -152,6 +152,27 @@ class TorchRunner:
 
     def length(self, seq: int) -> int:
         return self._caches[seq].length
+
+    @property
+    def invariant_prefill_rows(self) -> int | None:
+        """Prompt rows per forward that go through the decoding kernels (each row with a one-token
+        decode's arithmetic, so keys and values do not depend on how a prompt is split); None where
+        this runner has no such path (no row-wise kernel, or batch invariance off)."""
+        return PROMPT_ROWS - 1 if self.model.uses_kernel and self.batch_invariant else None
+
+    def read_kv(self, seq: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of the keys and values of positions start..end-1: [layers, kv_heads, n, head_dim] each."""
+        keys, values = self._caches[seq].keys, self._caches[seq].values
+        return keys[:, :, start:end].clone(), values[:, :, start:end].clone()
+
+    def write_kv(self, seq: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Append keys and values [layers, kv_heads, n, head_dim] at the sequence's next positions."""
+        cache = self._caches[seq]
+        start, end = cache.length, cache.length + keys.shape[2]
+        cache.reserve(end)
+        cache.keys[:, :, start:end] = keys
+        cache.values[:, :, start:end] = values
+        cache.advance(end - start)
 
     def truncate(self, seq: int, length: int) -> None:
         self._caches[seq].truncate(length)

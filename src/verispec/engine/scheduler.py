@@ -3,10 +3,13 @@
 The scheduler owns a bounded waiting queue and the running batch. One `step()`:
 
   1. retire   aborted requests leave (their caches are freed at once);
-  2. admit    waiting requests join while the batch has room: prefill, first token out;
-  3. decode   one `step_batch` over every running request: each drafts its own k (zero
+  2. admit    waiting requests join while the batch has room: prefill, first token out; with
+              chunked prefill they only open their caches here, and
+  3. prefill  the oldest admitted request forwards one chunk of its prompt (chunked prefill):
+              running streams wait one chunk per step, not a whole long prompt;
+  4. decode   one `step_batch` over every running request: each drafts its own k (zero
               included), one target forward verifies all the drafts;
-  4. finish   requests that hit a stop or their length leave and free their caches.
+  5. finish   requests that hit a stop or their length leave and free their caches.
 
 Every new block of tokens goes to the request's `on_event` callback as an `Event`, on the engine
 thread (a server hands it to its event loop). `submit` and `abort` may be called from any thread;
@@ -78,12 +81,15 @@ class Scheduler:
         max_num_seqs: int = 16,
         max_waiting: int = 64,
         on_retire: Callable[[Handle], None] | None = None,
+        chunked_prefill: bool = False,
     ) -> None:
         self.decoder = decoder
         self.max_num_seqs = max_num_seqs
         self.max_waiting = max_waiting
         self.on_retire = on_retire  # called once per request that leaves (finished, aborted, failed)
+        self.chunked_prefill = chunked_prefill
         self.waiting: deque[Handle] = deque()
+        self.prefilling: list[Handle] = []  # admitted, prompt not yet all in (chunked prefill)
         self.running: list[Handle] = []
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)
@@ -122,29 +128,33 @@ class Scheduler:
 
     @property
     def num_running(self) -> int:
-        return len(self.running)
+        """Requests admitted: decoding, or prefilling their prompts."""
+        return len(self.running) + len(self.prefilling)
 
     def wait_for_work(self, timeout: float) -> bool:
         with self._lock:
-            if not self.waiting and not self.running:
+            if not self.waiting and not self.num_running:
                 self._wakeup.wait(timeout)
-            return bool(self.waiting or self.running)
+            return bool(self.waiting or self.num_running)
 
     # -- the engine thread --------------------------------------------------------------------
     def step(self) -> None:
         # 1. retire aborted requests
-        for handle in [h for h in self.running if h.aborted]:
+        for handle in [h for h in self.prefilling + self.running if h.aborted]:
             self._retire(handle)
         # 2. admit
-        while len(self.running) < self.max_num_seqs:
+        while self.num_running < self.max_num_seqs:
             with self._lock:
                 if not self.waiting:
                     break
                 handle = self.waiting.popleft()
             self._admit(handle)
+        # 3. prefill one chunk
+        if self.prefilling:
+            self._prefill(self.prefilling[0])
         if not self.running:
             return
-        # 3. decode: one forward for the whole batch
+        # 4. decode: one forward for the whole batch
         active = list(self.running)  # a copy: retiring below changes self.running
         try:
             blocks = self.decoder.step_batch([h.req for h in active])
@@ -153,7 +163,7 @@ class Scheduler:
             for handle in active:
                 self._fail(handle, e)
             return
-        # 4. emit, and finish what ended
+        # 5. emit, and finish what ended
         for handle, block in zip(active, blocks):
             finished = handle.req.finished
             self._send(handle, Event(handle, block, finished=finished))
@@ -162,16 +172,33 @@ class Scheduler:
 
     def _admit(self, handle: Handle) -> None:
         try:
-            handle.req = self.decoder.start(handle.prompt_ids, handle.params)
-        except Exception as e:  # start frees what it took before raising
+            handle.req = self.decoder.begin(handle.prompt_ids, handle.params)
+        except Exception as e:  # begin frees what it took before raising
             if not isinstance(e, VerispecError):
-                log.exception("prefill failed for request %d", handle.id)
+                log.exception("admitting request %d failed", handle.id)
             handle.done = True
             self._send(handle, Event(handle, [], finished=True, error=e))
             if self.on_retire is not None:
                 self.on_retire(handle)
             return
         handle.req.metrics.queue_time = handle.req.started - handle.submitted
+        self.prefilling.append(handle)
+        if not self.chunked_prefill:
+            self._prefill(handle, whole=True)
+
+    def _prefill(self, handle: Handle, whole: bool = False) -> None:
+        """One chunk of the handle's prompt (all of it when `whole`); once it is all in, the first
+        token goes out and the request joins the decoding batch."""
+        try:
+            while not self.decoder.prefill(handle.req):
+                if not whole:
+                    return
+        except Exception as e:
+            if not isinstance(e, VerispecError):
+                log.exception("prefill failed for request %d", handle.id)
+            self._fail(handle, e)
+            return
+        self.prefilling.remove(handle)
         self.running.append(handle)
         finished = handle.req.finished
         self._send(handle, Event(handle, list(handle.req.output_ids), finished=finished))
@@ -183,7 +210,7 @@ class Scheduler:
         self._retire(handle)
 
     def _retire(self, handle: Handle) -> None:
-        self.running.remove(handle)
+        (self.running if handle in self.running else self.prefilling).remove(handle)
         self.decoder.finish(handle.req)
         handle.done = True
         if self.on_retire is not None:

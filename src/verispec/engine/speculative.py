@@ -33,6 +33,7 @@ from verispec.engine.logits import LogitsProcessor
 from verispec.engine.logprobs import TokenLogprob, row_logprobs
 from verispec.engine.metrics import RequestMetrics
 from verispec.engine.policy import AcceptanceEstimate, SpeculationPolicy
+from verispec.engine.prefix_cache import PrefixCache
 from verispec.engine.runner import BatchItem, ModelRunner
 from verispec.engine.stops import StopChecker
 from verispec.errors import ContextLengthError, InvalidPromptError, InvalidSamplingParamsError
@@ -78,19 +79,37 @@ class SpeculativeDecoder:
         num_speculative_tokens: int = 0,
         policy: SpeculationPolicy | None = None,
         logprobs_mode: str = "raw_logprobs",
+        prefix_cache: PrefixCache | None = None,
+        prefill_rows: int | None = None,
     ) -> None:
-        """`policy` chooses k per request and step; by default always `num_speculative_tokens`."""
+        """`policy` chooses k per request and step; by default always `num_speculative_tokens`.
+        `prefix_cache`: reuse earlier requests' prefixes; `prefill_rows`: prefill prompts that many
+        rows per forward through the decoding kernels (None: a prompt in one forward)."""
         self.target = target
         self.proposer = proposer
         k = num_speculative_tokens if proposer is not None else 0
         self.policy = policy if policy is not None else SpeculationPolicy(k, adaptive=False)
         self.logprobs_mode = logprobs_mode
+        self.prefix_cache = prefix_cache
+        self.prefill_rows = prefill_rows
         self.grammars = GrammarCompiler(target.tokenizer, target.vocab_size)
         self._next_id = 0
 
     # -- request lifecycle --------------------------------------------------------------------
     def start(self, prompt_ids: list[int], params: SamplingParams) -> Request:
         """Check the request, prefill the prompt and emit the first token."""
+        req = self.begin(prompt_ids, params)
+        try:
+            while not self.prefill(req):
+                pass
+        except BaseException:
+            self.finish(req)
+            raise
+        return req
+
+    def begin(self, prompt_ids: list[int], params: SamplingParams) -> Request:
+        """Check the request and open its caches (the cached part of its prompt written in);
+        `prefill` then forwards the rest of the prompt."""
         started = time.perf_counter()
         self.check_prompt(prompt_ids, params)
         capacity = len(prompt_ids) + params.max_tokens
@@ -121,20 +140,36 @@ class SpeculativeDecoder:
                 req.prompt_logprobs = self._prompt_logprobs(prompt_ids, params.prompt_logprobs)
             if self.proposer is not None:
                 self.proposer.begin(view)
-            logits = self.target.forward(req.target_seq, prompt_ids, num_logits=1).logits  # [1, vocab]
-            req.metrics.num_target_forwards += 1
-            first, dist = self._accept(req, logits, Draft(tokens=[]))
-            self._emit(req, first.output_tokens[0, :1].tolist(), logits, dist)
+            if self.prefix_cache is not None:
+                req.metrics.num_cached_prompt_tokens = self.prefix_cache.reuse(req.target_seq, prompt_ids)
         except BaseException:
             self.finish(req)  # nothing held by a request that never started
             raise
-        req.metrics.time_to_first_token = time.perf_counter() - req.started
         return req
 
+    def prefill(self, req: Request, max_rows: int | None = None) -> bool:
+        """Forward the next part of the prompt: at most `prefill_rows` rows (all of it when None)
+        and at most `max_rows`. True once the whole prompt is in and the first token is out."""
+        prompt, done = req.prompt_ids, self.target.length(req.target_seq)
+        end = len(prompt)
+        for limit in (self.prefill_rows, max_rows):
+            if limit is not None:
+                end = min(end, done + limit)
+        logits = self.target.forward(req.target_seq, prompt[done:end], num_logits=1).logits  # [1, vocab]
+        if end < len(prompt):
+            return False
+        req.metrics.num_target_forwards += 1
+        first, dist = self._accept(req, logits, Draft(tokens=[]))
+        self._emit(req, first.output_tokens[0, :1].tolist(), logits, dist)
+        req.metrics.time_to_first_token = time.perf_counter() - req.started
+        return True
+
     def finish(self, req: Request) -> None:
-        """Free the request's caches (target and drafter)."""
+        """Free the request's caches (target and drafter); its blocks stay in the prefix cache."""
         req.metrics.total_time = time.perf_counter() - req.started
         req.metrics.num_output_tokens = len(req.output_ids)
+        if self.prefix_cache is not None:
+            self.prefix_cache.remember(req.target_seq, req.view.tokens)
         self.target.close(req.target_seq)
         if self.proposer is not None:
             self.proposer.end(req.view)

@@ -58,7 +58,8 @@ class AsyncEngine:
             c = self.engine_config
             engine = build_engine(c)
             s = self.server_config
-            scheduler = Scheduler(engine.decoder, c.max_num_seqs, s.max_waiting, on_retire=self.metrics.on_retire)
+            scheduler = Scheduler(engine.decoder, c.max_num_seqs, s.max_waiting, on_retire=self.metrics.on_retire,
+                                  chunked_prefill=c.enable_chunked_prefill)
             self.metrics.bind(
                 lambda: scheduler.num_running,
                 lambda: scheduler.num_waiting,
@@ -66,6 +67,7 @@ class AsyncEngine:
                 lambda: engine.open_sequences,
                 lambda: getattr(engine.proposer, "memory_bytes", 0),
                 lambda: getattr(engine.proposer, "cached_tokens", 0),
+                lambda: engine.decoder.prefix_cache.bytes if engine.decoder.prefix_cache else 0,
             )
             self.loaded, self.scheduler = engine, scheduler
             self.token_strings = TokenStrings(engine.tokenizer, engine.decoder.grammars)

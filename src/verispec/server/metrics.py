@@ -14,6 +14,9 @@ leaves the engine (finished, aborted or failed):
     vllm:spec_decode_num_draft_tokens_total                      draft tokens verified
     vllm:spec_decode_num_accepted_tokens_total                   draft tokens accepted (and emitted)
     vllm:spec_decode_num_accepted_tokens_per_pos_total{position} accepted draft tokens at each position
+    vllm:prefix_cache_queries_total / vllm:prefix_cache_hits_total   prompt tokens looked up in the
+                                                                 prefix cache, and found there (tokens)
+    verispec:prefix_cache_bytes                                  memory the prefix cache holds
     verispec:kv_cache_bytes / verispec:open_sequences            memory held by live requests
     verispec:drafter_memory_bytes / verispec:drafter_cached_tokens   what the drafter keeps across
                                                                  requests (suffix decoding's store of earlier responses)
@@ -50,6 +53,9 @@ class ServerMetrics:
                                    labels, registry=r)
         self.drafter_tokens = Gauge("verispec:drafter_cached_tokens", "Tokens the drafter keeps across requests (suffix decoding's store).",
                                     labels, registry=r)
+        self.prefix_bytes = Gauge("verispec:prefix_cache_bytes", "Bytes the prefix cache holds.", labels, registry=r)
+        self.prefix_queries = Counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", labels, registry=r)
+        self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", labels, registry=r)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens processed.", labels, registry=r)
         self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", labels, registry=r)
         self.success = Counter("vllm:request_success", "Requests that left the engine.", labels + ["finished_reason"], registry=r)
@@ -65,8 +71,10 @@ class ServerMetrics:
         )
 
     def bind(self, num_running: Callable[[], int], num_waiting: Callable[[], int], kv_bytes: Callable[[], int], open_seqs: Callable[[], int],
-             drafter_bytes: Callable[[], int] = lambda: 0, drafter_tokens: Callable[[], int] = lambda: 0) -> None:
+             drafter_bytes: Callable[[], int] = lambda: 0, drafter_tokens: Callable[[], int] = lambda: 0,
+             prefix_bytes: Callable[[], int] = lambda: 0) -> None:
         """Gauges read the engine's state at scrape time."""
+        self.prefix_bytes.labels(self.model_name).set_function(prefix_bytes)
         self.running.labels(self.model_name).set_function(num_running)
         self.waiting.labels(self.model_name).set_function(num_waiting)
         self.kv_bytes.labels(self.model_name).set_function(kv_bytes)
@@ -83,6 +91,9 @@ class ServerMetrics:
             return
         n_out = len(handle.req.output_ids)
         self.prompt_tokens.labels(name).inc(m.num_prompt_tokens)
+        if m.num_cached_prompt_tokens is not None:
+            self.prefix_queries.labels(name).inc(m.num_prompt_tokens)
+            self.prefix_hits.labels(name).inc(m.num_cached_prompt_tokens)
         self.generation_tokens.labels(name).inc(n_out)
         self.ttft.labels(name).observe(m.queue_time + m.time_to_first_token)
         if n_out > 1:

@@ -88,6 +88,13 @@ def test_logprobs_echo_n_and_penalties_equal_offline_plain(client, plain, target
     assert lp.token_logprobs[1:len(ids)] == [e.logprob for e in offline.prompt_logprobs[1:]]
     assert r.usage.speculative["num_accepted_tokens"] > 0
 
+    stream = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0, logprobs=2, echo=True,
+                                       frequency_penalty=0.5, presence_penalty=0.3, logit_bias={"70": 2.0},
+                                       extra_body={"ignore_eos": True}, stream=True)
+    chunks = [c.choices[0] for c in stream if c.choices]
+    assert "".join(c.text for c in chunks) == r.choices[0].text
+    assert [v for c in chunks if c.logprobs for v in c.logprobs.token_logprobs] == lp.token_logprobs
+
     chat = [{"role": "user", "content": "Say ab ab ab"}]
     whole = client.chat.completions.create(model=MODEL, messages=chat, max_tokens=10, temperature=0, logprobs=True, top_logprobs=3)
     streamed = client.chat.completions.create(model=MODEL, messages=chat, max_tokens=10, temperature=0, logprobs=True,
@@ -119,3 +126,48 @@ def test_bundled_smollm2_parses_a_pydantic_model_with_speculation():
     llm = LLM("smollm2-135m")
     so = StructuredOutputsParams(json=to_strict_json_schema(City))
     assert r.choices[0].message.content == llm.chat(chat, SamplingParams(temperature=0, max_tokens=80, structured_outputs=so))[0].text
+
+
+def test_bundled_smollm2_held_out_schemas_are_valid_and_plain_equal():
+    """Schemas of our own (nested objects, arrays, enums, optional fields), greedy and sampled:
+    every output validates; greedy speculative output equals plain."""
+    from typing import Literal
+
+    from verispec.config import SpeculativeConfig
+    from verispec.engine.assembly import build_decoder
+
+    class Ingredient(BaseModel):
+        name: str = Field(max_length=30)
+        grams: int = Field(ge=0, le=5000)
+
+    class Recipe(BaseModel):
+        title: str = Field(max_length=40)
+        difficulty: Literal["easy", "medium", "hard"]
+        ingredients: list[Ingredient] = Field(min_length=1, max_length=3)
+
+    class Review(BaseModel):
+        stars: int = Field(ge=1, le=5)
+        summary: str = Field(max_length=60)
+        would_return: bool
+
+    class Trip(BaseModel):
+        origin: str = Field(max_length=20)
+        destination: str = Field(max_length=20)
+        stops: list[str] = Field(max_length=2)
+
+    cases = [(Recipe, "Write a simple pancake recipe as JSON."),
+             (Review, "Review a small Italian restaurant you liked, as JSON."),
+             (Trip, "Plan a train trip from Paris to Rome as JSON.")]
+    llm = LLM("smollm2-135m", speculative={"method": "suffix", "num_speculative_tokens": 8})
+    plain = build_decoder(llm.runner, None)
+    for model, ask in cases:
+        ids = llm.tokenizer.encode_chat([{"role": "user", "content": ask}])
+        so = StructuredOutputsParams(json=to_strict_json_schema(model))
+        greedy = SamplingParams(temperature=0, max_tokens=160, structured_outputs=so)
+        out = llm.generate([ids], greedy)[0]
+        assert out.finish_reason == "stop", out.text
+        model.model_validate_json(out.text)
+        assert out.token_ids == plain.generate(ids, greedy).output_ids
+        sampled = llm.generate([ids], SamplingParams(temperature=0.8, seed=2, max_tokens=160, structured_outputs=so))[0]
+        if sampled.finish_reason == "stop":
+            model.model_validate_json(sampled.text)

@@ -308,15 +308,20 @@ async def _sse(stream: RequestStream, engine: AsyncEngine, items: list[_Item], s
     sent = [0] * len(items)  # output tokens whose logprobs went out
     extra = {"usage": None} if include_usage else {}
     try:
-        for index, (ids, _, echo) in enumerate(items):  # echo: the prompt first (completions only)
-            if echo is not None:
-                yield _data({**shape.envelope([shape.choice(index, echo, None, chunk=True)], chunk=True), **extra})
+        echoed = [it.echo is None for it in items]  # echo: the prompt (and its logprobs) before the first tokens
         async for item in stream.events():
             ev = item.event
             if ev.error is not None:
                 yield _data(from_engine_error(ev.error).body())
                 break
             i = item.index
+            if not echoed[i]:
+                echoed[i] = True
+                req = ev.handle.req
+                logprobs = None
+                if req is not None and req.prompt_logprobs is not None:
+                    logprobs = completion_logprobs(items[i].ids, req.prompt_logprobs, shape.strings)
+                yield _data({**shape.envelope([shape.choice(i, items[i].echo, None, chunk=True, logprobs=logprobs)], chunk=True), **extra})
             offset = len(items[i].echo or "") + deltas[i].sent  # text_offset counts from the choice's start
             text = deltas[i].delta(ev)
             finish = ev.handle.finish_reason if ev.finished else None

@@ -137,7 +137,7 @@ def exact_outputs(llm, prompt, params, first, last):
 
     def next_probs(done, logits):
         grammar = decoder.grammars.matcher(params.structured_outputs) if params.structured_outputs else None
-        proc = LogitsProcessor(params, prompt, runner.vocab_size, grammar)
+        proc = LogitsProcessor(params, prompt, grammar)
         proc.commit(done)
         proc.begin_step([])
         return logits_to_probs(proc.process(logits), params.temperature, params.top_k, params.top_p, params.min_p)[0]

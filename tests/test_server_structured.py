@@ -65,6 +65,12 @@ def test_structured_outputs_of_every_kind(client, plain):
             assert valid(r.choices[0].text), (body, r.choices[0].text)
 
 
+def test_response_format_text_is_no_constraint(client):
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                                       response_format={"type": "text"})
+    assert r.choices[0].message.content is not None
+
+
 def test_invalid_constraints_answer_400(client):
     for body in ({"guided_regex": "[a-"}, {"guided_grammar": "start: nowhere"}, {"guided_json": {"type": "nonsense"}},
                  {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}):

@@ -21,20 +21,16 @@ from collections import Counter
 import torch
 
 from verispec.config import SamplingParams
-from verispec.errors import InvalidSamplingParamsError
 from verispec.sampling.penalties import apply_logit_bias, apply_penalties
 from verispec.structured.grammar import GrammarMatcher
 
 
 class LogitsProcessor:
-    def __init__(self, params: SamplingParams, prompt_ids: list[int], vocab_size: int,
-                 grammar: GrammarMatcher | None = None) -> None:
+    def __init__(self, params: SamplingParams, prompt_ids: list[int], grammar: GrammarMatcher | None = None) -> None:
+        """`params` checked already (the decoder's check_prompt: logit_bias ids inside the vocabulary)."""
         self.params = params
         self.grammar = grammar
         bias = params.logit_bias or {}
-        bad = [t for t in bias if t >= vocab_size]
-        if bad:
-            raise InvalidSamplingParamsError(f"logit_bias token ids out of the vocabulary [0, {vocab_size}): {bad[:5]}")
         self._bias_ids = torch.tensor(sorted(bias), dtype=torch.int64)
         self._bias_values = torch.tensor([bias[t] for t in sorted(bias)], dtype=torch.float32)
         self._penalised = bool(params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1.0)

@@ -132,7 +132,7 @@ class SpeculativeDecoder:
         try:
             if params.processes_logits:
                 grammar = self.grammars.matcher(params.structured_outputs) if params.structured_outputs else None
-                req.processor = LogitsProcessor(params, prompt_ids, self.target.vocab_size, grammar)
+                req.processor = LogitsProcessor(params, prompt_ids, grammar)
                 req.processor.begin_step([])
             if params.logprobs is not None:
                 req.logprobs = []

@@ -111,7 +111,7 @@ class _SamplingFields(BaseModel):
 
     def _structured(self) -> StructuredOutputsParams | None:
         """The one structured-output constraint of the request, whichever field it came in."""
-        source = self._structured_source()
+        self._structured_source()  # at most one (a 400 naming the second otherwise)
         if self.guided_json is not None:
             return StructuredOutputsParams(json=self.guided_json)
         if self.guided_regex is not None:
@@ -123,7 +123,7 @@ class _SamplingFields(BaseModel):
         if self.structured_outputs is not None:
             return StructuredOutputsParams.from_dict(self.structured_outputs)
         rf = self.response_format
-        if rf is None or source != "response_format":
+        if rf is None or rf.get("type", "text") == "text":
             return None
         kind = rf.get("type")
         if kind == "json_object":

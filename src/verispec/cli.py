@@ -1,4 +1,4 @@
-"""The `verispec` command: generate, demo, bench, serve, load.
+"""The `verispec` command: generate, demo, bench, serve, load, train-draft.
 
 Flags come from the configuration dataclasses (verispec.config), so the library, the CLI and
 (later) the server share one source of truth.
@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_load_parser(sub)
 
     add_bench_parser(sub)
+    from verispec.train.cli import add_train_parser
+
+    add_train_parser(sub)
     return parser
 
 
@@ -113,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
             from verispec.bench.cli import run
 
             return run(args)
+        if args.command == "train-draft":
+            from verispec.train.cli import run as run_train
+
+            return run_train(args)
         from verispec.demo import run_demo
 
         return run_demo(args)

@@ -174,9 +174,10 @@ class SamplingParams:
 class SpeculativeConfig:
     """Which drafter proposes tokens and how many per step."""
 
-    method: str | None = opt(None, "drafter: prompt_lookup, suffix, draft_model (none = plain decoding)")
+    method: str | None = opt(None, "drafter: prompt_lookup, suffix, draft_model, eagle3 (none = plain decoding)")
     num_speculative_tokens: int = opt(4, "draft tokens proposed per step (k)")
-    draft_model: str | None = opt(None, "draft model (name or path) for method draft_model")
+    draft_model: str | None = opt(None, "draft model (name or path) for method draft_model; for eagle3 an "
+                                        "EAGLE head folder (default: the head shipped for a bundled model)")
     prompt_lookup_min: int = opt(2, "smallest n-gram prompt lookup matches")
     prompt_lookup_max: int = opt(4, "largest n-gram prompt lookup matches")
     suffix_decoding_max_tree_depth: int = opt(

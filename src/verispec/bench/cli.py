@@ -18,7 +18,7 @@ def add_bench_parser(sub) -> None:
                         "of all (default: smollm2-135m)")
     b.add_argument("--methods", default="plain,prompt_lookup,hf,hf_prompt_lookup,llamacpp,llamacpp_prompt_lookup",
                    help="comma list; 'plain' (ours) is the baseline; ours: plain, prompt_lookup, suffix (earlier responses "
-                        "of the run kept), suffix_cold (none kept), draft_model, each "
+                        "of the run kept), suffix_cold (none kept), draft_model, eagle3, each "
                         "optionally on another backend and weights format (plain@llamacpp, prompt_lookup@llamacpp:Q8_0; "
                         "plain@torch:fast = torch with batch_invariant off); "
                         "peers: hf, hf_prompt_lookup, hf_assisted, llamacpp, llamacpp_prompt_lookup (skipped with a note "
@@ -30,6 +30,8 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples, seeded per question")
     b.add_argument("--k", type=int, default=4, help="draft tokens per step for our speculative methods (default: 4)")
     b.add_argument("--draft-model", default=None, help="draft model for draft_model / hf_assisted (same vocabulary)")
+    b.add_argument("--eagle-head", default=None,
+                   help="EAGLE head folder for eagle3 (default: the head shipped for a bundled model)")
     b.add_argument("--questions", default=None,
                    help="Spec-Bench question.jsonl (default: $VERISPEC_SPEC_BENCH or ../shared/data/spec_bench), "
                    "'builtin' for the project's own prompts, or 'repetitive' for its repetitive workload "
@@ -90,6 +92,7 @@ def _run_model(args: argparse.Namespace, model: str, out: Path):
         temperature=args.temperature,
         k=args.k,
         draft_model=args.draft_model,
+        eagle_head=args.eagle_head,
         questions=args.questions,
         out=str(out),
         seed=args.seed,

@@ -38,6 +38,7 @@ class BenchConfig:
     temperature: float = 0.0
     k: int = 4
     draft_model: str | None = None
+    eagle_head: str | None = None  # method eagle3's head folder (None: the one shipped for a bundled model)
     questions: str | None = None
     out: str = "results/bench"
     seed: int = 0
@@ -171,14 +172,15 @@ def _add_methods(cfg: BenchConfig, llm, eos: list[int], llms: dict, methods: lis
         try:
             if base == "plain":
                 methods.append(OursMethod(name, family_llm(cfg, llm, family, llms), None))
-            elif base in ("prompt_lookup", "draft_model", "suffix", "suffix_cold"):
+            elif base in ("prompt_lookup", "draft_model", "suffix", "suffix_cold", "eagle3"):
                 if base == "draft_model" and not cfg.draft_model:
                     raise Unavailable("no --draft-model given (none of the bundled models shares a vocabulary)")
                 # suffix keeps the earlier responses of the whole run (its global tree warms as the
                 # run goes); suffix_cold keeps none, as a server that just started
                 extra = {"suffix_decoding_max_cached_requests": 0} if base == "suffix_cold" else {}
                 spec = SpeculativeConfig(
-                    method=base.removesuffix("_cold"), num_speculative_tokens=cfg.k, draft_model=cfg.draft_model,
+                    method=base.removesuffix("_cold"), num_speculative_tokens=cfg.k,
+                    draft_model=cfg.eagle_head if base == "eagle3" else cfg.draft_model,
                     adaptive_k=cfg.adaptive_k, cost_profile=family_profile(cfg.cost_profile, family, cfg.model), **extra,
                 )
                 methods.append(OursMethod(name, family_llm(cfg, llm, family, llms), spec))

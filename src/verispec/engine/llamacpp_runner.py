@@ -174,8 +174,11 @@ class LlamaCppRunner:
         self._capacity[seq] = capacity
         return seq
 
-    def forward(self, seq: int, tokens: list[int], num_logits: int = 1, return_hidden: bool = False) -> ForwardOutput:
-        return self.forward_batch([BatchItem(seq, tokens, num_logits, return_hidden)])[0]
+    returns_aux = False  # llama.cpp's API gives logits and final embeddings, not inner layers' states
+
+    def forward(self, seq: int, tokens: list[int], num_logits: int = 1, return_hidden: bool = False,
+                aux_layers: tuple[int, ...] = ()) -> ForwardOutput:
+        return self.forward_batch([BatchItem(seq, tokens, num_logits, return_hidden, aux_layers)])[0]
 
     def forward_batch(self, items: list[BatchItem]) -> list[ForwardOutput]:
         # rows: (seq, token, position, which item wants its logits or -1)
@@ -207,7 +210,7 @@ class LlamaCppRunner:
             self._lengths[it.seq] += len(it.tokens)
         outs = []
         for it, rows_ in zip(items, logits):
-            if it.return_hidden:
+            if it.return_hidden or it.aux_layers:
                 raise ConfigError("the llamacpp backend does not return hidden states")
             stacked = torch.from_numpy(np.stack(rows_)) if rows_ else torch.empty(0, self.vocab_size)
             outs.append(ForwardOutput(logits=stacked, hidden=None))  # [num_logits, vocab] float32

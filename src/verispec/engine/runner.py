@@ -30,6 +30,7 @@ class BatchItem:
     tokens: list[int]  # appended at the sequence's next positions
     num_logits: int = 1  # logits of the last num_logits of them
     return_hidden: bool = False
+    aux_layers: tuple[int, ...] = ()  # residual streams entering these layers, for every token (EAGLE-3)
 
 
 class ModelRunner(Protocol):
@@ -42,8 +43,11 @@ class ModelRunner(Protocol):
     def open(self, capacity: int) -> int:
         """Open a sequence able to hold `capacity` tokens; returns its id."""
 
-    def forward(self, seq: int, tokens: list[int], num_logits: int = 1, return_hidden: bool = False) -> ForwardOutput:
-        """Append `tokens` at the sequence's next positions; logits of the last `num_logits` of them."""
+    def forward(self, seq: int, tokens: list[int], num_logits: int = 1, return_hidden: bool = False,
+                aux_layers: tuple[int, ...] = ()) -> ForwardOutput:
+        """Append `tokens` at the sequence's next positions; logits of the last `num_logits` of them
+        (and, for drafters that read them, the residual streams entering `aux_layers`: runners that
+        can return them have `returns_aux` True)."""
 
     def forward_batch(self, items: list[BatchItem]) -> list[ForwardOutput]:
         """Several sequences in one forward (a ragged batch); one output per item, in order."""
@@ -108,16 +112,24 @@ class TorchRunner:
         self._caches[seq] = self.model.new_cache(capacity)
         return seq
 
-    def forward(self, seq: int, tokens: list[int], num_logits: int = 1, return_hidden: bool = False) -> ForwardOutput:
+    returns_aux = True  # forward can return the residual streams entering chosen layers
+
+    def forward(self, seq: int, tokens: list[int], num_logits: int = 1, return_hidden: bool = False,
+                aux_layers: tuple[int, ...] = ()) -> ForwardOutput:
         ids = torch.tensor(tokens, dtype=torch.int64)
-        return self.model.forward(ids, self._caches[seq], num_logits, return_hidden)
+        return self.model.forward_batch([Segment(ids, self._caches[seq], num_logits, return_hidden, aux_layers)])[0]
 
     def forward_batch(self, items: list[BatchItem]) -> list[ForwardOutput]:
         segments = [
-            Segment(torch.tensor(it.tokens, dtype=torch.int64), self._caches[it.seq], it.num_logits, it.return_hidden)
+            Segment(torch.tensor(it.tokens, dtype=torch.int64), self._caches[it.seq], it.num_logits, it.return_hidden,
+                    it.aux_layers)
             for it in items
         ]
         return self.model.forward_batch(segments)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The target's token embeddings [T, hidden] (unscaled), for drafters that share them."""
+        return self.model._embed(tokens).float()
 
     @property
     def batch_invariant(self) -> bool:

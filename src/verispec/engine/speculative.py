@@ -94,6 +94,9 @@ class SpeculativeDecoder:
         self.prefill_rows = prefill_rows
         self.grammars = GrammarCompiler(target.tokenizer, target.vocab_size)
         self._next_id = 0
+        # drafters that read the target's hidden states (EAGLE) name them: layers, or "final"
+        states = getattr(proposer, "target_states", None)
+        self._state_args = {} if states is None else {"return_hidden": True} if states == "final" else {"aux_layers": tuple(states)}
 
     # -- request lifecycle --------------------------------------------------------------------
     def start(self, prompt_ids: list[int], params: SamplingParams) -> Request:
@@ -138,10 +141,11 @@ class SpeculativeDecoder:
                 req.logprobs = []
             if params.prompt_logprobs is not None:
                 req.prompt_logprobs = self._prompt_logprobs(prompt_ids, params.prompt_logprobs)
-            if self.proposer is not None:
-                self.proposer.begin(view)
             if self.prefix_cache is not None:
                 req.metrics.num_cached_prompt_tokens = self.prefix_cache.reuse(req.target_seq, prompt_ids)
+                view.states_start = req.metrics.num_cached_prompt_tokens  # no target states before it
+            if self.proposer is not None:
+                self.proposer.begin(view)
         except BaseException:
             self.finish(req)  # nothing held by a request that never started
             raise
@@ -155,7 +159,9 @@ class SpeculativeDecoder:
         for limit in (self.prefill_rows, max_rows):
             if limit is not None:
                 end = min(end, done + limit)
-        logits = self.target.forward(req.target_seq, prompt[done:end], num_logits=1).logits  # [1, vocab]
+        out = self.target.forward(req.target_seq, prompt[done:end], num_logits=1, **self._state_args)
+        logits = out.logits  # [1, vocab]
+        self._keep_states(req, out, end - done)
         if end < len(prompt):
             return False
         req.metrics.num_target_forwards += 1
@@ -201,9 +207,9 @@ class SpeculativeDecoder:
                 req.processor.begin_step(draft.tokens)
         # 2. verify
         bases = [self.target.length(req.target_seq) for req in reqs]  # pending goes at base
-        verified = self._verify(reqs, drafts)
+        verified, states = self._verify(reqs, drafts)
         emitted_all = []
-        for req, draft, base, logits in zip(reqs, drafts, bases, verified):
+        for req, draft, base, logits, state in zip(reqs, drafts, bases, verified, states):
             req.metrics.num_target_forwards += 1
             # 3. accept (over the rows verified: a greedy verification may have stopped early)
             result, dist = self._accept(req, logits, Draft(draft.tokens[: logits.shape[0] - 1], draft.probs))  # [m, vocab]
@@ -211,6 +217,8 @@ class SpeculativeDecoder:
             block = result.output_tokens[0, : num_accepted + 1].tolist()
             # 4. commit
             self.target.truncate(req.target_seq, base + 1 + num_accepted)
+            if state is not None:
+                req.view.states.append(state[: num_accepted + 1])  # [kept rows, state_width]
             if len(draft):
                 self.proposer.accept(req.view, num_accepted)
                 req.estimate.observe(len(draft), num_accepted)
@@ -222,8 +230,20 @@ class SpeculativeDecoder:
             emitted_all.append(emitted)
         return emitted_all
 
-    def _verify(self, reqs: list[Request], drafts: list[Draft]) -> list[torch.Tensor]:
-        """Each request's target logits over [pending] + draft: [m, vocab], m <= len(draft) + 1.
+    def _keep_states(self, req: Request, out, rows: int) -> None:
+        """Hand a prefill chunk's target states to a drafter that reads them."""
+        state = self._state_of(out)
+        if state is not None:
+            req.view.states.append(state[:rows])
+
+    def _state_of(self, out) -> torch.Tensor | None:
+        if not self._state_args:
+            return None
+        return out.hidden if "return_hidden" in self._state_args else out.aux
+
+    def _verify(self, reqs: list[Request], drafts: list[Draft]) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        """Each request's target logits over [pending] + draft: [m, vocab], m <= len(draft) + 1,
+        and the target's states of those rows ([m, state_width]) where the drafter reads them.
 
         One forward for the whole batch, or, where the runner verifies in chunks (`verify_chunks`:
         the batch-invariant torch backend's products of 2-3 rows, llama.cpp's invariant_rows), one
@@ -235,24 +255,30 @@ class SpeculativeDecoder:
         rows = [[req.output_ids[-1], *d.tokens] for req, d in zip(reqs, drafts)]
         plans = [self.target.verify_chunks(len(r)) for r in rows]
         if all(len(plan) == 1 for plan in plans):
-            items = [BatchItem(req.target_seq, r, num_logits=len(r)) for req, r in zip(reqs, rows)]
-            return [out.logits for out in self.target.forward_batch(items)]
+            items = [BatchItem(req.target_seq, r, num_logits=len(r), **self._state_args) for req, r in zip(reqs, rows)]
+            outs = self.target.forward_batch(items)
+            return [out.logits for out in outs], [self._state_of(out) for out in outs]
         parts: list[list[torch.Tensor]] = [[] for _ in reqs]
+        state_parts: list[list[torch.Tensor]] = [[] for _ in reqs]
         done = [0] * len(reqs)  # rows of each request forwarded so far
         active, chunk = list(range(len(reqs))), 0
         while active:
             sizes = [plans[i][chunk] for i in active]
-            items = [BatchItem(reqs[i].target_seq, rows[i][done[i] : done[i] + n], num_logits=n) for i, n in zip(active, sizes)]
+            items = [BatchItem(reqs[i].target_seq, rows[i][done[i] : done[i] + n], num_logits=n, **self._state_args)
+                     for i, n in zip(active, sizes)]
             still = []
             for i, n, out in zip(active, sizes, self.target.forward_batch(items)):
                 parts[i].append(out.logits)  # [n, vocab]: the targets of rows[i][done + 1 .. done + n]
+                if self._state_args:
+                    state_parts[i].append(self._state_of(out))
                 chosen = out.logits if reqs[i].processor is None else reqs[i].processor.process(out.logits, done[i])
                 agreed = not reqs[i].params.greedy or chosen.argmax(-1).tolist() == rows[i][done[i] + 1 : done[i] + 1 + n]
                 done[i] += n
                 if chunk + 1 < len(plans[i]) and agreed:
                     still.append(i)
             active, chunk = still, chunk + 1
-        return [p[0] if len(p) == 1 else torch.cat(p) for p in parts]
+        logits = [p[0] if len(p) == 1 else torch.cat(p) for p in parts]
+        return logits, [torch.cat(p) if p else None for p in state_parts]
 
     def _propose(self, req: Request, batch_size: int) -> Draft:
         if self.proposer is None:

@@ -204,6 +204,7 @@ def _kernel_weight(w) -> tuple[list[torch.Tensor], list[int]]:
 class ForwardOutput:
     logits: torch.Tensor  # [n_logits, vocab] float32
     hidden: torch.Tensor | None  # [T, hidden]: final-norm hidden states of every new token
+    aux: torch.Tensor | None = None  # [T, len(aux_layers) * hidden]: residual streams entering those layers
 
 
 @dataclass
@@ -214,6 +215,7 @@ class Segment:
     cache: KVCache
     num_logits: int = 1  # logits of the last num_logits new tokens
     return_hidden: bool = False
+    aux_layers: tuple[int, ...] = ()  # also return the residual stream entering these layers (EAGLE-3)
 
 
 @dataclass
@@ -352,10 +354,13 @@ class Transformer:
         ropes = {False: self._rope(self.rope, spans)}
         if self.rope_local is not self.rope:
             ropes[True] = self._rope(self.rope_local, spans)
+        wanted, captured = {i for s in segments for i in s.aux_layers}, {}
         for i, layer in enumerate(self.layers):
+            if i in wanted:
+                captured[i] = x  # each layer returns a new tensor: x is not written to afterwards
             cos, sin = ropes.get(layer.sliding, ropes[False])  # [N, head_dim] each
             x = self._layer(i, layer, x, segments, spans, cos, sin, groups)
-        return self._outputs(segments, spans, x)
+        return self._outputs(segments, spans, x, captured)
 
     def _forward_rows(self, segments: list[Segment]) -> list[ForwardOutput]:
         """forward_batch for segments of fewer than PROMPT_ROWS tokens each (decoding, verification,
@@ -377,7 +382,10 @@ class Transformer:
         if self.rope_local is not self.rope:
             ropes[True] = self._rope(self.rope_local, spans)
         gelu = c.activation != "silu"
+        wanted, captured = {i for s in segments for i in s.aux_layers}, {}
         for i, L in enumerate(self.layers):
+            if i in wanted:
+                captured[i] = x  # decode_layer returns a new tensor: x is not written to afterwards
             cos, sin = ropes.get(L.sliding, ropes[False])  # [N, head_dim] each
             window = c.sliding_window if (L.sliding and c.sliding_window) else 0
             qkv, o, gate_up, down = self._kernel_weights[i]
@@ -386,10 +394,12 @@ class Transformer:
                 L.post_mlp_norm, cos, sin, [s.cache.keys[i] for s in segments], [s.cache.values[i] for s in segments],
                 rows, starts, c.num_heads, c.num_kv_heads, window, c.scale, c.rms_eps, gelu,
             )  # [N, hidden]
-        return self._outputs(segments, spans, x)
+        return self._outputs(segments, spans, x, captured)
 
-    def _outputs(self, segments: list[Segment], spans: list[_Span], x: torch.Tensor) -> list[ForwardOutput]:
-        """The caches' new lengths, the final norm, and logits at the rows that want them."""
+    def _outputs(self, segments: list[Segment], spans: list[_Span], x: torch.Tensor,
+                 captured: dict[int, torch.Tensor] | None = None) -> list[ForwardOutput]:
+        """The caches' new lengths, the final norm, and logits at the rows that want them;
+        `captured`: layer -> the residual stream [N, hidden] entering it (Segment.aux_layers)."""
         c = self.config
         for s, span in zip(segments, spans):
             s.cache.advance(span.end - span.start)
@@ -400,8 +410,10 @@ class Transformer:
         logits = _project_groups(h[wanted], self.lm_head, None, head_groups).float() if wanted.numel() else h.new_empty(0, c.vocab_size).float()
         outs = []
         for s, sp, part in zip(segments, spans, logits.split([s.num_logits for s in segments])):
-            hidden = h[sp.row : sp.row + sp.end - sp.start] if s.return_hidden else None
-            outs.append(ForwardOutput(logits=part, hidden=hidden))
+            rows = slice(sp.row, sp.row + sp.end - sp.start)
+            hidden = h[rows] if s.return_hidden else None
+            aux = torch.cat([captured[i][rows] for i in s.aux_layers], dim=-1) if s.aux_layers else None
+            outs.append(ForwardOutput(logits=part, hidden=hidden, aux=aux))
         return outs
 
     @staticmethod

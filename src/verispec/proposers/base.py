@@ -7,7 +7,9 @@ file that registers a class; the engine never branches on method names.
 Designed for what comes next, with hooks that fail loudly until the issue that needs them lands
 (a drafter relying on one must not run as if it worked):
 - token trees (issue 15): `Draft.parents` (None = a chain; a chain is the degenerate tree);
-- drafters that read the target's hidden states (EAGLE-3, issue 14): `SequenceView.target_hidden`;
+- drafters that read the target's hidden states (EAGLE): a `target_states` attribute (layer ids
+  whose input residual streams it reads, or "final" for the last hidden state); the decoder then
+  hands it the states of every kept position through `SequenceView.states`;
 - drafters with another tokenizer: they get token ids *and* the target's tokenizer through
   the view, and return target-vocabulary token ids.
 """
@@ -57,12 +59,11 @@ class SequenceView:
     generator: torch.Generator | None
     capacity: int  # positions a drafter's own cache needs at most
     extra: dict = field(default_factory=dict)
-
-    @property
-    def target_hidden(self) -> torch.Tensor:
-        """The target's hidden states at the request's positions ([n, hidden]), for drafters
-        such as EAGLE-3. Nothing provides them yet."""
-        raise NotImplementedError("SequenceView.target_hidden (the target's hidden states) arrives with EAGLE-3, issue 14")
+    # For drafters that name `target_states` (EAGLE): the target's states of the positions it kept
+    # since the drafter last consumed them, in order, each [n, state_width]; the first pending one
+    # is at position `states_start` + (states consumed so far). A prefix-cached prompt part has none.
+    states: list[torch.Tensor] = field(default_factory=list)
+    states_start: int = 0
 
 
 class Proposer(Protocol):

@@ -1,0 +1,168 @@
+"""EAGLE draft heads: one decoder layer that reads the target's own hidden states.
+
+Two layouts, as vLLM, SGLang and SpecForge load them (the file format: models/eagle_io.py):
+
+EAGLE-3 (`kind="eagle3"`): the target's residual streams entering three of its layers
+(`aux_layers`, by default 2, L // 2 and L - 3) are concatenated, low, mid, high, and `fc` maps
+them to the head's width. One row of the head at position p reads the state of position p and the
+embedding of token p + 1, and predicts token p + 2:
+
+    e = input_layernorm(embed(token[p + 1]))                          [T, H]
+    s = fc(aux[p])  (or, from the second draft step on, the head's own pre-norm output)
+    r, s = s, hidden_norm(s)        (norm_before_residual: s = hidden_norm(s); r = s)
+    x = attention([e, s]) + r       q, k, v read 2H; RoPE at position p    [T, H]
+    pre = mlp(post_attention_layernorm(x)) + x                        [T, H]  fed back as the next state
+    logits = lm_head(norm(pre))                                       [T, draft_vocab]
+    target id = draft id + d2t[draft id]
+
+EAGLE-1/2 (`kind="eagle1"`): fc maps [embed(token[p + 1]), h[p]] (2H, h the target's final-norm
+hidden state) to H; the layer has no input norm and reads H; no final norm; the target's LM head
+gives logits over the whole vocabulary.
+
+Everything here runs in float32 on any torch device. The attention differs between inference
+(a KV cache, `EagleHead.forward`) and training (the training-time test's mask, train/trainer.py),
+so both share the pieces before and after it (`embed_and_state`, `qkv`, `after_attention`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from verispec.models.config import RopeConfig
+from verispec.models.kv_cache import KVCache
+from verispec.models.transformer import RopeTable
+
+
+def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
+    """The target layers whose input residual streams EAGLE-3 fuses (vLLM's and SpecForge's choice)."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    kind: str  # "eagle3" | "eagle1"
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_eps: float
+    rope: RopeConfig
+    vocab_size: int  # the target's
+    draft_vocab_size: int  # = vocab_size for EAGLE-1/2 and for heads without a reduced vocabulary
+    target_hidden_size: int
+    aux_layers: tuple[int, ...] | None = None  # None: default_aux_layers of the target
+    norm_before_residual: bool = False
+
+    @property
+    def state_width(self) -> int:
+        """Width of the target's states the head reads: 3 fused streams, or the last hidden state."""
+        return 3 * self.target_hidden_size if self.kind == "eagle3" else self.target_hidden_size
+
+
+def rms(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
+    return F.rms_norm(x, (x.shape[-1],), None if w is None else w.to(x.dtype), eps)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on [..., T, heads, D] with cos, sin [T, D] (sin's first half negated: RopeTable)."""
+    return x * cos[:, None, :] + torch.roll(x, x.shape[-1] // 2, -1) * sin[:, None, :]
+
+
+class EagleHead:
+    """A head's weights (published names, float32) and its forward."""
+
+    def __init__(self, config: HeadConfig, weights: dict[str, torch.Tensor], embed, lm_head: torch.Tensor | None = None) -> None:
+        """`embed`: token ids [T] -> the target's embeddings [T, H] (used when the checkpoint has
+        none); `lm_head`: the target's [vocab, H] (EAGLE-1/2 heads without their own)."""
+        self.config = config
+        self.w = weights
+        self._embed = embed
+        self.lm_head = weights.get("lm_head.weight", lm_head)
+        if self.lm_head is None:
+            raise ValueError("the head has no lm_head.weight and no target LM head was given")
+        self.rope = RopeTable(config.rope, config.head_dim)
+        d2t = weights.get("d2t")
+        self.draft_to_target = (torch.arange(config.draft_vocab_size) + d2t) if d2t is not None else None  # [draft_vocab]
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        if "embed_tokens.weight" in self.w:
+            return F.embedding(tokens, self.w["embed_tokens.weight"])
+        return self._embed(tokens)
+
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids if self.draft_to_target is None else self.draft_to_target[draft_ids]
+
+    def new_cache(self, capacity: int) -> KVCache:
+        c = self.config
+        return KVCache(1, c.num_kv_heads, c.head_dim, capacity, torch.float32)
+
+    @torch.inference_mode()
+    def forward(self, states: torch.Tensor, tokens: torch.Tensor, cache: KVCache, fused: bool,
+                offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows at positions offset + cache.length.. : states [T, state_width] (the target's, `fused`) or
+        [T, H] (the head's own pre-norm outputs), tokens [T] (token p + 1 of each row p).
+        Returns logits [T, draft_vocab] and the pre-norm outputs [T, H]; the cache advances by T."""
+        c = self.config
+        T, start = tokens.shape[0], cache.length
+        x, residual = embed_and_state(self, states, self.embed(tokens), fused)
+        q, k, v = qkv(self, x, *self.rope.get(offset + start, offset + start + T))  # [T, heads, D], [T, kv, D] x 2
+        cache.write(0, start, k.transpose(0, 1), v.transpose(0, 1))
+        cache.advance(T)
+        keys, values = cache.view(0, 0, start + T)  # [kv, S, D]
+        mask = None
+        if T > 1:
+            k_pos, q_pos = torch.arange(start + T)[None, :], torch.arange(start, start + T)[:, None]
+            mask = torch.zeros(T, start + T).masked_fill_(k_pos > q_pos, float("-inf"))
+        attn = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], keys[None], values[None], attn_mask=mask, scale=c.head_dim ** -0.5,
+            enable_gqa=c.num_heads != c.num_kv_heads,
+        )[0].transpose(0, 1).reshape(T, c.num_heads * c.head_dim)  # [T, heads * D]
+        pre = after_attention(self, attn, residual)
+        return logits(self, pre), pre
+
+
+def embed_and_state(head, states: torch.Tensor, e: torch.Tensor, fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The attention's input and the residual from the states and the token embeddings e [..., T, H]:
+    ([..., T, 2H] (EAGLE-1/2: [..., T, H]), [..., T, H])."""
+    c, w = head.config, head.w
+    if c.kind == "eagle1":
+        x = F.linear(torch.cat([e, states], -1), w["fc.weight"], w.get("fc.bias"))
+        return x, x
+    s = F.linear(states, w["fc.weight"]) if fused else states
+    e = rms(e, w["midlayer.input_layernorm.weight"], c.rms_eps)
+    if c.norm_before_residual:
+        s = rms(s, w["midlayer.hidden_norm.weight"], c.rms_eps)
+        return torch.cat([e, s], -1), s
+    return torch.cat([e, rms(s, w["midlayer.hidden_norm.weight"], c.rms_eps)], -1), s
+
+
+def qkv(head, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """Queries [..., T, heads, D] and keys, values [..., T, kv_heads, D], RoPE applied."""
+    c, w = head.config, head.w
+    shape = x.shape[:-1]
+    p = "midlayer.self_attn."
+    q = F.linear(x, w[p + "q_proj.weight"], w.get(p + "q_proj.bias")).view(*shape, c.num_heads, c.head_dim)
+    k = F.linear(x, w[p + "k_proj.weight"], w.get(p + "k_proj.bias")).view(*shape, c.num_kv_heads, c.head_dim)
+    v = F.linear(x, w[p + "v_proj.weight"], w.get(p + "v_proj.bias")).view(*shape, c.num_kv_heads, c.head_dim)
+    return rotate(q, cos, sin), rotate(k, cos, sin), v
+
+
+def after_attention(head, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """o_proj, the residual, the MLP: the pre-norm output [..., T, H]."""
+    c, w = head.config, head.w
+    x = F.linear(attn, w["midlayer.self_attn.o_proj.weight"]) + residual
+    h = rms(x, w["midlayer.post_attention_layernorm.weight"], c.rms_eps)
+    m = F.linear(F.silu(F.linear(h, w["midlayer.mlp.gate_proj.weight"])) * F.linear(h, w["midlayer.mlp.up_proj.weight"]),
+                 w["midlayer.mlp.down_proj.weight"])
+    return m + x
+
+
+def logits(head, pre: torch.Tensor) -> torch.Tensor:
+    """[..., T, draft_vocab] (EAGLE-1/2: the target's LM head over the un-normed output)."""
+    if head.config.kind == "eagle1":
+        return F.linear(pre, head.lm_head)
+    return F.linear(rms(pre, head.w["norm.weight"], head.config.rms_eps), head.lm_head)

@@ -1,0 +1,158 @@
+"""EAGLE drafting: a one-layer head reads the target's hidden states and drafts a chain.
+
+The decoder asks the target for the states this drafter names (`target_states`: the residual
+streams entering three layers for EAGLE-3, the final hidden state for EAGLE-1/2) on every row it
+forwards, and appends those of the rows it kept to `SequenceView.states`. The head keeps its own
+KV cache per request: "real" rows (the target's states) stay; draft rows are cut off at the next
+`propose`, which first feeds the new real rows and then drafts.
+
+Example, k = 3: tokens t0..t9 (t9 pending), the head's cache holds real rows 0..7. The target
+states of position 8 arrived with the last step. propose: row 8 = (state 8, token t9) -> d1;
+row 9 = (its own output at 8, d1) -> d2; row 10 = (output at 9, d2) -> d3. The next propose cuts
+the cache back to rows 0..8 and feeds the states of the positions the target kept.
+
+Greedy requests take each row's argmax; sampled ones draw from the request's temperature, top-k
+and top-p over the head's logits (tokens outside the draft vocabulary have probability 0), and that
+distribution is the q the verifier sees, so the output stays the target's.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from verispec.errors import ContextLengthError, IncompatibleDraftError, InvalidSpeculativeConfigError
+from verispec.models.eagle import EagleHead, default_aux_layers
+from verispec.models.eagle_io import load_head
+from verispec.models.kv_cache import KVCache
+from verispec.proposers.base import Draft, SequenceView, register
+from verispec.sampling.processors import logits_to_probs, sample_from_probs
+
+HEADS_DIR = Path(__file__).resolve().parent.parent / "heads"  # heads trained for the bundled models
+
+
+def target_identity(target) -> str:
+    """What a bundled head's `verispec_target` must equal: the target's vocabulary and shape."""
+    c = target.config
+    return f"{target.vocab_fingerprint()}|layers={c.num_layers}|hidden={c.hidden_size}"
+
+
+def bundled_head(target) -> Path:
+    """The head trained for this target and shipped with verispec (heads/<model>/)."""
+    identity = target_identity(target)
+    for cfg in sorted(HEADS_DIR.glob("*/config.json")):
+        if json.loads(cfg.read_text()).get("verispec_target") == identity:
+            return cfg.parent
+    raise InvalidSpeculativeConfigError(
+        "method eagle3 needs draft_model=<EAGLE head folder>: verispec ships heads only for its bundled models "
+        f"({', '.join(sorted(p.name for p in HEADS_DIR.glob('*/'))) or 'none yet'}); train one with "
+        "`verispec train-draft`")
+
+
+@dataclass
+class _Seq:
+    cache: KVCache
+    offset: int  # the position of the head's cache row 0 (a prefix-cached prompt has no states before it)
+    real: int  # rows of the cache holding the target's states; rows after them are drafts
+
+
+@register("eagle3")
+class EagleProposer:
+    relative_cost = 0.1  # replaced by the measured ratio in create()
+
+    def __init__(self, head: EagleHead, target_states) -> None:
+        self.head = head
+        self.target_states = target_states  # what the decoder asks the target for: layers, or "final"
+        self._seqs: dict[int, _Seq] = {}
+
+    @classmethod
+    def create(cls, config, target) -> "EagleProposer":
+        if not getattr(target, "returns_aux", False):
+            raise IncompatibleDraftError(
+                f"method eagle3 reads the target's hidden states, which the {getattr(target, 'backend', '?')} backend "
+                "cannot return; use --backend torch")
+        path = config.draft_model or bundled_head(target)
+        hc, weights = load_head(path, target.config.hidden_size, target.vocab_size)
+        lm_head = None
+        if hc.kind == "eagle1" and "lm_head.weight" not in weights:
+            lm = target.model.lm_head
+            lm_head = (lm.dequantize() if hasattr(lm, "dequantize") else lm).float()
+        head = EagleHead(hc, weights, target.embed, lm_head)
+        layers = hc.aux_layers or default_aux_layers(target.config.num_layers)
+        if hc.kind == "eagle3" and max(layers) >= target.config.num_layers:
+            raise IncompatibleDraftError(f"the head reads target layers {layers}; the target has {target.config.num_layers}")
+        proposer = cls(head, tuple(layers) if hc.kind == "eagle3" else "final")
+        proposer.relative_cost = measure_relative_cost(head, target)
+        return proposer
+
+    def begin(self, seq: SequenceView) -> None:
+        if seq.capacity > 1 << 20:
+            raise ContextLengthError(f"{seq.capacity} positions are more than the EAGLE head's cache takes")
+        self._seqs[seq.request_id] = _Seq(self.head.new_cache(seq.capacity), seq.states_start, 0)
+
+    def propose(self, seq: SequenceView, k: int) -> Draft:
+        st = self._seqs[seq.request_id]
+        st.cache.truncate(st.real)  # the last draft's rows
+        states = torch.cat(seq.states) if seq.states else None  # [m, state_width]
+        seq.states.clear()
+        if states is None or not states.shape[0]:
+            return Draft(tokens=[])
+        first = st.offset + st.real  # the position of the first new state
+        tokens = torch.tensor(seq.tokens[first + 1 : first + 1 + states.shape[0]], dtype=torch.int64)
+        if tokens.shape[0] != states.shape[0]:
+            raise RuntimeError(f"EAGLE states out of step: {states.shape[0]} states for {tokens.shape[0]} tokens")
+        logits, pre = self.head.forward(states, tokens, st.cache, fused=True, offset=st.offset)  # [m, dv], [m, H]
+        st.real += states.shape[0]
+        out: list[int] = []
+        probs: list[torch.Tensor] = []
+        for i in range(k):
+            token = self._choose(seq, logits[-1], probs)
+            out.append(token)
+            if i + 1 < k:
+                logits, pre = self.head.forward(pre[-1:], torch.tensor([token]), st.cache, fused=False, offset=st.offset)
+        return Draft(tokens=out, probs=torch.stack(probs) if probs else None)
+
+    def _choose(self, seq: SequenceView, row: torch.Tensor, probs: list[torch.Tensor]) -> int:
+        """A draft token (target id) from one row of draft-vocabulary logits [dv]."""
+        p = seq.params
+        if p.greedy:
+            return int(self.head.to_target(row.argmax()))
+        full = row.new_full((self.head.config.vocab_size,), float("-inf"))
+        full[self.head.to_target(torch.arange(row.shape[0]))] = row
+        q = logits_to_probs(full[None], p.temperature, p.top_k, p.top_p)  # [1, vocab]: what we sample from
+        probs.append(q[0])
+        return int(sample_from_probs(q, seq.generator)[0])
+
+    def accept(self, seq: SequenceView, num_accepted: int) -> None:
+        """Nothing to do: the kept rows' states arrive through `seq.states` before the next propose."""
+
+    def end(self, seq: SequenceView) -> None:
+        self._seqs.pop(seq.request_id, None)
+
+
+def measure_relative_cost(head: EagleHead, target, context: int = 64, repeats: int = 7) -> float:
+    """One draft step of the head over a one-token decode of the target, timed here (medians)."""
+    cache = head.new_cache(context + repeats + 1)
+    width = head.config.state_width
+    head.forward(torch.zeros(context, width), torch.zeros(context, dtype=torch.int64), cache, fused=True)
+    pre = torch.zeros(1, head.config.hidden_size)
+    head_times, target_times = [], []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        head.forward(pre, torch.zeros(1, dtype=torch.int64), cache, fused=False)
+        head_times.append(time.perf_counter() - t)
+    seq = target.open(context + repeats)
+    try:
+        target.forward(seq, [0] * context)
+        for _ in range(repeats):
+            t = time.perf_counter()
+            target.forward(seq, [0])
+            target_times.append(time.perf_counter() - t)
+    finally:
+        target.close(seq)
+    return statistics.median(head_times) / max(1e-9, statistics.median(target_times))

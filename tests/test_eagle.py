@@ -1,0 +1,195 @@
+"""EAGLE heads: the target's states through the runner, heads in the published format, drafting
+losslessly, and `verispec train-draft` end to end on a tiny model."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from tiny_models import write_eagle3_head
+
+from verispec import LLM, SamplingParams
+from verispec.errors import IncompatibleDraftError
+from verispec.models.eagle_io import load_head
+
+LAYERS = 6  # default fused layers (2, L // 2, L - 3) = (2, 3, 3)
+
+
+def prompts(n=8, seed=0, vocab=96):
+    g = torch.Generator().manual_seed(seed)
+    return [[1] + torch.randint(3, vocab, (int(torch.randint(4, 14, (1,), generator=g)),), generator=g).tolist() for _ in range(n)]
+
+
+def test_aux_states_are_the_residual_streams_entering_the_layers(tiny_dir):
+    """Fused states = HF's hidden_states[i] (the stream entering layer i), short rows and prompts alike."""
+    import transformers as tf
+
+    folder = tiny_dir("llama", seed=0, layers=LAYERS)
+    hf = tf.AutoModelForCausalLM.from_pretrained(folder).float().eval()
+    runner = LLM(str(folder)).runner
+    for n in (9, 60):  # the row-wise kernels' path, then the prompt path
+        ids = prompts(1, seed=n)[0] * (n // 5 + 1)
+        ids = ids[:n]
+        with torch.no_grad():
+            ref = hf(torch.tensor([ids]), output_hidden_states=True).hidden_states
+        seq = runner.open(n)
+        out = runner.forward(seq, ids, num_logits=1, aux_layers=(2, 3, 5))
+        runner.close(seq)
+        expected = torch.cat([ref[2][0], ref[3][0], ref[5][0]], -1)
+        assert out.aux.shape == (n, 3 * 64)
+        torch.testing.assert_close(out.aux, expected, atol=2e-4, rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def heads(tmp_path_factory):
+    root = tmp_path_factory.mktemp("heads")
+    return {
+        "published": write_eagle3_head(root / "published", seed=1),
+        "vllm": write_eagle3_head(root / "vllm", seed=1, vllm_names=True),
+        "gemma3": write_eagle3_head(root / "gemma3", seed=2, aux_layers=[0, 1, 2], heads=2, kv_heads=1),
+    }
+
+
+def test_vllm_names_load_as_published(heads):
+    a = load_head(heads["published"], 64, 96)[1]
+    b = load_head(heads["vllm"], 64, 96)[1]
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("kind,head", [("llama", "published"), ("llama", "vllm"), ("gemma3", "gemma3")])
+@pytest.mark.parametrize("k", (1, 4))
+def test_greedy_identical_with_a_published_head(tiny_dir, heads, kind, head, k):
+    target = tiny_dir(kind, seed=0, layers=LAYERS if kind == "llama" else 2)
+    ps = prompts()
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    ref = [o.token_ids for o in LLM(str(target)).generate(ps, params)]
+    spec = {"method": "eagle3", "draft_model": str(heads[head]), "num_speculative_tokens": k, "adaptive_k": False}
+    outs = LLM(str(target), speculative=spec).generate(ps, params)
+    assert [o.token_ids for o in outs] == ref
+    assert sum(o.metrics.num_draft_tokens for o in outs) > 0
+
+
+def test_first_draft_is_the_head_over_the_targets_states(tiny_dir, heads):
+    """The drafter pairs each target state with the next token (state p, token p + 1): its first
+    draft equals the head run by hand over a fresh forward's states."""
+    from verispec.models.eagle import EagleHead
+
+    target = tiny_dir("llama", seed=0, layers=LAYERS)
+    llm = LLM(str(target), speculative={"method": "eagle3", "draft_model": str(heads["published"]),
+                                        "num_speculative_tokens": 3, "adaptive_k": False})
+    dec = llm.decoder
+    prompt = prompts(1, seed=5)[0]
+    req = dec.start(prompt, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    for _ in range(2):  # a verification step in between, so later states arrive through verify
+        dec.step(req)
+    tokens = list(req.view.tokens)
+    draft = dec.proposer.propose(req.view, 3)
+    dec.finish(req)
+
+    runner = llm.runner
+    seq = runner.open(len(tokens))
+    states = runner.forward(seq, tokens[:-1], num_logits=1, aux_layers=(2, 3, 3)).aux  # [n - 1, 192]
+    runner.close(seq)
+    cfg, w = load_head(heads["published"], 64, 96)
+    head = EagleHead(cfg, w, runner.embed)
+    cache = head.new_cache(len(tokens) + 4)
+    logits, pre = head.forward(states, torch.tensor(tokens[1:]), cache, fused=True)
+    first = int(head.to_target(logits[-1].argmax()))
+    second = int(head.to_target(head.forward(pre[-1:], torch.tensor([first]), cache, fused=False)[0][-1].argmax()))
+    assert draft.tokens[:2] == [first, second]
+
+
+def test_prefix_caching_and_chunked_prefill_keep_output(tiny_dir, heads):
+    """A prefix-cached prompt has no target states for its cached part: the head starts after it."""
+    target = tiny_dir("llama", seed=0, layers=LAYERS)
+    base = prompts(1, seed=9)[0] * 6  # > one 16-token block
+    ps = [base + [5, 6], base + [7, 8, 9]]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    ref = [o.token_ids for o in LLM(str(target)).generate(ps, params)]
+    spec = {"method": "eagle3", "draft_model": str(heads["published"]), "num_speculative_tokens": 3, "adaptive_k": False}
+    llm = LLM(str(target), speculative=spec, enable_prefix_caching=True, enable_chunked_prefill=True)
+    outs = [llm.generate([p], params)[0] for p in ps]  # the second reuses the first's blocks
+    assert [o.token_ids for o in outs] == ref
+    assert outs[1].metrics.num_cached_prompt_tokens > 0
+
+
+def test_mismatched_heads_and_backends_are_refused(tiny_dir, heads, tmp_path):
+    target = str(tiny_dir("llama", seed=0, layers=LAYERS))
+    wide = write_eagle3_head(tmp_path / "wide", hidden=32, heads=2, kv_heads=1)
+    with pytest.raises(IncompatibleDraftError, match="width"):
+        LLM(target, speculative={"method": "eagle3", "draft_model": str(wide)})
+    other_vocab = write_eagle3_head(tmp_path / "vocab", target_vocab=120)
+    with pytest.raises(IncompatibleDraftError, match="vocabulary"):
+        LLM(target, speculative={"method": "eagle3", "draft_model": str(other_vocab)})
+    from verispec.config import SpeculativeConfig
+    from verispec.proposers.eagle import EagleProposer
+
+    class NoStates:  # a backend that returns logits only (llama.cpp's)
+        backend = "llamacpp"
+        returns_aux = False
+
+    with pytest.raises(IncompatibleDraftError, match="backend torch"):
+        EagleProposer.create(SpeculativeConfig(method="eagle3", draft_model=str(heads["published"])), NoStates())
+
+
+def chats(path, n=40):
+    """Conversations with a learnable shape: counting, repeated phrases."""
+    lines = []
+    for i in range(n):
+        q = f"count from {i % 7} please"
+        a = " ".join(str((i + j) % 10) for j in range(30))
+        lines.append(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_train_draft_end_to_end(tiny_dir, tmp_path):
+    """Features, vocabulary, training (loss falls), export in the published format, resume, and
+    the trained head drafts losslessly with better acceptance than an untrained one."""
+    target = tiny_dir("llama", seed=0, vocab=320, layers=LAYERS, tokenizer="bytes")
+    data = chats(tmp_path / "chats.jsonl")
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "verispec.cli", "train-draft", "--model", str(target), "--data", str(data),
+           "--out", str(out), "--tokens", "6000", "--max-answer", "40", "--draft-vocab", "128", "--epochs", "60",
+           "--batch-tokens", "1024", "--warmup", "5", "--lr", "3e-3", "--eval-prompts", "0", "--feature-dtype", "float32",
+           "--export", str(tmp_path / "exported")]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    head_kl = sum(r["kl"] for r in log[:5]) / 5  # the loss above the target's entropy, its floor
+    tail_kl = sum(r["kl"] for r in log[-5:]) / 5
+    assert tail_kl < 0.7 * head_kl, (head_kl, tail_kl)
+    cfg = json.loads((tmp_path / "exported" / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 128
+    assert cfg["verispec_recipe"]["finished"] is True
+    assert (out / "loss.png").stat().st_size > 0
+    # resume: more epochs continue from the checkpoint instead of starting over
+    again = subprocess.run(cmd[:cmd.index("--epochs") + 1] + ["64"] + cmd[cmd.index("--epochs") + 2:],
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "resumed at step" in again.stdout + again.stderr
+    steps = [json.loads(line)["step"] for line in (out / "log.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) > len(log)
+
+    llm_plain = LLM(str(target))
+    ps = [llm_plain.tokenizer.encode_chat([{"role": "user", "content": f"count from {i} please"}]) for i in range(4)]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    ref = [o.token_ids for o in llm_plain.generate(ps, params)]
+
+    def acceptance(head):
+        llm = LLM(str(target), speculative={"method": "eagle3", "draft_model": str(head), "num_speculative_tokens": 3,
+                                            "adaptive_k": False})
+        outs = llm.generate(ps, params)
+        assert [o.token_ids for o in outs] == ref
+        return sum(o.metrics.num_accepted_tokens for o in outs) / sum(o.metrics.num_draft_tokens for o in outs)
+
+    untrained = write_eagle3_head(tmp_path / "untrained", hidden=64, target_vocab=320, draft_vocab=128)
+    trained, random_head = acceptance(out / "head"), acceptance(untrained)
+    assert trained > random_head + 0.1, (trained, random_head)
+
+
+def test_sharegpt_held_out_records_are_refused(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "verispec.cli", "train-draft", "--records", "0:15000", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "held out" in r.stderr

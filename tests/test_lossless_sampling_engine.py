@@ -7,6 +7,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from tiny_models import write_eagle3_head
+
 from verispec import LLM, SamplingParams
 from verispec.sampling.processors import logits_to_probs
 
@@ -29,19 +31,31 @@ def exact_second_token_distribution(llm):
     return p2.double().numpy()
 
 
-@pytest.fixture(scope="module", params=["draft_model", "suffix"])
-def spec_llm(tiny_dir, request):
-    """A draft model (soft draft probabilities), or suffix decoding: one-hot drafts from the
-    request's own text (PROMPT repeats "20 21") and, unseeded, from the earlier samples."""
+@pytest.fixture(scope="module", params=["draft_model", "suffix", "eagle3"])
+def spec_llm(tiny_dir, request, tmp_path_factory):
+    """A draft model (soft draft probabilities), suffix decoding (one-hot drafts from the
+    request's own text, PROMPT repeats "20 21", and, unseeded, from the earlier samples), or an
+    EAGLE-3 head (soft probabilities over its draft vocabulary, zero outside it)."""
     spec = {"method": request.param, "num_speculative_tokens": 3, "adaptive_k": False}
     if request.param == "draft_model":
         spec["draft_model"] = str(tiny_dir("llama", seed=7))
+    if request.param == "eagle3":
+        spec["draft_model"] = str(eagle_head(tmp_path_factory.mktemp("head")))
     return LLM(str(tiny_dir("llama", seed=0)), speculative=spec)
 
 
+def eagle_head(folder):
+    """A random EAGLE-3 head for the 2-layer tiny llama (its fused layers named in the config)."""
+    return write_eagle3_head(folder, seed=3, draft_vocab=48, aux_layers=[0, 1, 1], scale=0.4)
+
+
 def test_second_token_matches_target_distribution(spec_llm):
+    pvalue = second_token_pvalue(spec_llm)
+    assert pvalue > 1e-6, f"speculative sampling deviates from the target: p = {pvalue:.2e}"
+
+
+def second_token_pvalue(spec_llm, n=2500):
     exact = exact_second_token_distribution(spec_llm)
-    n = 2500
     params = [SamplingParams(temperature=TEMP, top_k=TOP_K, top_p=TOP_P, seed=s, max_tokens=5, ignore_eos=True) for s in range(n)]
     counts = np.zeros_like(exact)
     accepted = drafted = 0
@@ -56,8 +70,7 @@ def test_second_token_matches_target_distribution(spec_llm):
     obs = np.append(counts[big], counts[~big].sum())
     exp = np.append(exact[big] * n, exact[~big].sum() * n)
     assert counts[exact == 0].sum() == 0  # never a token the processed target rules out
-    pvalue = chisquare(obs, exp * obs.sum() / exp.sum()).pvalue  # exp sums to n up to float error
-    assert pvalue > 1e-6, f"speculative sampling deviates from the target: p = {pvalue:.2e}"
+    return chisquare(obs, exp * obs.sum() / exp.sum()).pvalue  # exp sums to n up to float error
 
 
 def test_seeds_reproduce(spec_llm, tiny_dir):
@@ -68,3 +81,49 @@ def test_seeds_reproduce(spec_llm, tiny_dir):
         c = llm.generate([PROMPT], SamplingParams(temperature=1.0, seed=124, max_tokens=24, ignore_eos=True))[0]
         assert a.token_ids == b.token_ids
         assert a.token_ids != c.token_ids
+
+
+
+def choose_pvalue(proposer, n=6000):
+    """Draw n draft tokens from one row of head logits through the drafter's own sampling step and
+    test them against the q it reports (chi-square): q must be what the token was drawn from."""
+    from verispec.proposers.base import SequenceView
+
+    g = torch.Generator().manual_seed(0)
+    row = torch.randn(proposer.head.config.draft_vocab_size, generator=g) * 2  # [draft vocab] logits
+    params = SamplingParams(temperature=TEMP, top_k=TOP_K, top_p=TOP_P, seed=0)
+    view = SequenceView(1, [1], 1, params, torch.Generator().manual_seed(1), 8)
+    counts = np.zeros(proposer.head.config.vocab_size)
+    q = None
+    for _ in range(n):
+        probs = []
+        counts[proposer._choose(view, row, probs)] += 1
+        q = probs[0].double().numpy()
+    assert counts[q == 0].sum() == 0  # never a token q rules out
+    big = q * n >= 10
+    obs, exp = counts[big], q[big] * n
+    if q[~big].sum() * n >= 1:  # the rare tokens pooled
+        obs, exp = np.append(obs, counts[~big].sum()), np.append(exp, q[~big].sum() * n)
+    return chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
+
+
+def test_eagle_q_is_what_it_sampled_from(tiny_dir, tmp_path, monkeypatch):
+    """The head's reported q is the distribution its token was drawn from (temperature, top-k, top-p
+    over the draft vocabulary); negative control: sampling from the processed distribution but
+    reporting the raw softmax (the bug of transformers #47932) is caught."""
+    import verispec.proposers.eagle as eagle
+
+    spec = {"method": "eagle3", "num_speculative_tokens": 3, "adaptive_k": False, "draft_model": str(eagle_head(tmp_path))}
+    proposer = LLM(str(tiny_dir("llama", seed=0)), speculative=spec).decoder.proposer
+    assert choose_pvalue(proposer) > 1e-6
+
+    def wrong_q(self, seq, row, probs):
+        p = seq.params
+        full = row.new_full((self.head.config.vocab_size,), float("-inf"))
+        full[self.head.to_target(torch.arange(row.shape[0]))] = row
+        sampled = logits_to_probs(full[None], p.temperature, p.top_k, p.top_p)
+        probs.append(torch.softmax(full, -1))  # not what was sampled from
+        return int(torch.multinomial(sampled[0], 1, generator=seq.generator))
+
+    monkeypatch.setattr(eagle.EagleProposer, "_choose", wrong_q)
+    assert choose_pvalue(proposer) < 1e-6

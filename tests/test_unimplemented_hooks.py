@@ -3,21 +3,14 @@
 import pytest
 import torch
 
-from verispec.config import SamplingParams
 from verispec.models.kv_cache import KVCache
-from verispec.proposers.base import Draft, SequenceView
+from verispec.proposers.base import Draft
 
 
 def test_tree_drafts_fail_loudly():
     assert Draft(tokens=[1, 2]).parents is None  # a chain
     with pytest.raises(NotImplementedError, match="issue 15"):
         Draft(tokens=[1, 2, 3], parents=[-1, 0, 0])
-
-
-def test_target_hidden_states_fail_loudly():
-    view = SequenceView(1, [1, 2, 3], 3, SamplingParams(), None, 8)
-    with pytest.raises(NotImplementedError, match="issue 14"):
-        view.target_hidden
 
 
 def test_keeping_a_tree_path_fails_loudly():

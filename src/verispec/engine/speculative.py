@@ -161,7 +161,7 @@ class SpeculativeDecoder:
                 end = min(end, done + limit)
         out = self.target.forward(req.target_seq, prompt[done:end], num_logits=1, **self._state_args)
         logits = out.logits  # [1, vocab]
-        self._keep_states(req, out, end - done)
+        self._keep_states(req, out)
         if end < len(prompt):
             return False
         req.metrics.num_target_forwards += 1
@@ -230,11 +230,11 @@ class SpeculativeDecoder:
             emitted_all.append(emitted)
         return emitted_all
 
-    def _keep_states(self, req: Request, out, rows: int) -> None:
-        """Hand a prefill chunk's target states to a drafter that reads them."""
+    def _keep_states(self, req: Request, out) -> None:
+        """Hand a prefill chunk's target states ([chunk rows, state_width]) to a drafter that reads them."""
         state = self._state_of(out)
         if state is not None:
-            req.view.states.append(state[:rows])
+            req.view.states.append(state)
 
     def _state_of(self, out) -> torch.Tensor | None:
         if not self._state_args:

@@ -86,7 +86,7 @@ class EagleHead:
             raise ValueError("the head has no lm_head.weight and no target LM head was given")
         self.rope = RopeTable(config.rope, config.head_dim)
         d2t = weights.get("d2t")
-        self.draft_to_target = (torch.arange(config.draft_vocab_size) + d2t) if d2t is not None else None  # [draft_vocab]
+        self.target_ids = torch.arange(config.draft_vocab_size) + (d2t if d2t is not None else 0)  # [draft_vocab]
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         if "embed_tokens.weight" in self.w:
@@ -94,7 +94,7 @@ class EagleHead:
         return self._embed(tokens)
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids if self.draft_to_target is None else self.draft_to_target[draft_ids]
+        return self.target_ids[draft_ids]
 
     def new_cache(self, capacity: int) -> KVCache:
         c = self.config

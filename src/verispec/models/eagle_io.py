@@ -33,7 +33,7 @@ import torch
 
 from verispec.errors import IncompatibleDraftError, ModelNotFoundError
 from verispec.models.config import RopeConfig
-from verispec.models.eagle import HeadConfig
+from verispec.models.eagle import HeadConfig, default_aux_layers
 
 EAGLE3_ARCHS = {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"}
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -130,7 +130,7 @@ def save_head(path: str | Path, config: HeadConfig, weights: dict[str, torch.Ten
         "rms_norm_eps": c.rms_eps, "rope_theta": c.rope.theta, "max_position_embeddings": 8192,
         "vocab_size": c.vocab_size, "draft_vocab_size": c.draft_vocab_size, "target_hidden_size": c.target_hidden_size,
         "tie_word_embeddings": False, "torch_dtype": str(dtype).removeprefix("torch."),
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(c.aux_layers or _default(target_num_layers)),
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(c.aux_layers or default_aux_layers(target_num_layers)),
                          "use_aux_hidden_state": True},
         **(extra or {}),
     }
@@ -139,9 +139,3 @@ def save_head(path: str | Path, config: HeadConfig, weights: dict[str, torch.Ten
     save_file(tensors, str(folder / "model.safetensors"))
     (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     return folder
-
-
-def _default(num_layers: int) -> tuple[int, ...]:
-    from verispec.models.eagle import default_aux_layers
-
-    return default_aux_layers(num_layers)

@@ -123,7 +123,7 @@ class EagleProposer:
         if p.greedy:
             return int(self.head.to_target(row.argmax()))
         full = row.new_full((self.head.config.vocab_size,), float("-inf"))
-        full[self.head.to_target(torch.arange(row.shape[0]))] = row
+        full[self.head.target_ids] = row
         q = logits_to_probs(full[None], p.temperature, p.top_k, p.top_p)  # [1, vocab]: what we sample from
         probs.append(q[0])
         return int(sample_from_probs(q, seq.generator)[0])

@@ -115,17 +115,14 @@ def run(args: argparse.Namespace) -> int:
               "draft_vocab_coverage": round(covered, 4), "finished": last.get("done")}
     head_dir = save_head(folder / "head", config, module.weights(), weights.config.num_layers,
                          extra={"verispec_target": target_identity(runner), "verispec_recipe": recipe})
-    del runner
     plot_loss(folder)
     # 5. report
     report = {"recipe": recipe, "train_estimate": {k: last.get(k) for k in ("loss", "kl", "acc", "est_accept")}}
     if args.eval_prompts and args.data == "sharegpt":
-        from verispec.models.registry import resolve  # noqa: F401  (the target must resolve)
         from verispec.train.evaluate import evaluate_head, heldout_prompts
 
         t = time.perf_counter()
-        tok = LLM(args.model).tokenizer
-        prompts = heldout_prompts(tok, "sharegpt", args.eval_start, args.eval_prompts, args.max_prompt)
+        prompts = heldout_prompts(runner.tokenizer, "sharegpt", args.eval_start, args.eval_prompts, args.max_prompt)
         report["heldout"] = evaluate_head(args.model, str(head_dir), prompts, args.eval_k, args.eval_max_tokens)
         report["heldout"]["seconds"] = round(time.perf_counter() - t)
         h = report["heldout"]

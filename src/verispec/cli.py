@@ -13,7 +13,7 @@ import sys
 import typing
 from typing import Any
 
-from verispec.config import EngineConfig, SamplingParams, ServerConfig, SpeculativeConfig
+from verispec.config import ClusterConfig, EngineConfig, SamplingParams, ServerConfig, SpeculativeConfig
 from verispec.errors import VerispecError
 
 _FLAG_NAMES = {"method": "method", "num_speculative_tokens": "k"}
@@ -85,9 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-tokens", type=int, default=96, help="new tokens per prompt (default: 96)")
     _engine_parser(demo)
 
-    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, streaming, /metrics)")
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, streaming, /metrics); "
+                                         "with --replicas or --ray-address, several engines on Ray Serve")
     _engine_parser(serve)
     add_dataclass_flags(serve, ServerConfig)
+    add_dataclass_flags(serve, ClusterConfig)
 
     from verispec.bench.cli import add_bench_parser
     from verispec.server.loadtest import add_load_parser
@@ -137,6 +139,11 @@ def _serve(args: argparse.Namespace) -> int:
 
     engine = _from_args(EngineConfig, args, speculative=_from_args(SpeculativeConfig, args))
     server = _from_args(ServerConfig, args)
+    cluster = _from_args(ClusterConfig, args)
+    if cluster.enabled:
+        from verispec.cluster import run as run_cluster
+
+        return run_cluster(engine, server, cluster)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     print(f"verispec: serving {engine.model} on http://{server.host}:{server.port}/v1 (loading...)", file=sys.stderr)
     uvicorn.run(create_app(engine, server), host=server.host, port=server.port, log_level="warning")

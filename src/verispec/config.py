@@ -344,3 +344,45 @@ class ServerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "port" else 1):
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """`verispec serve --replicas N` / `--ray-address ADDR`: several engines behind one endpoint on
+    Ray Serve (verispec.cluster; the optional extra `.[cluster]`)."""
+
+    replicas: int | None = opt(None, "engine replicas on Ray Serve (a fixed number; default: one engine, no Ray)")
+    ray_address: str | None = opt(None, "deploy onto this existing Ray cluster (e.g. ray://head:10001 or auto) "
+                                        "instead of starting a local one")
+    min_replicas: int | None = opt(None, "autoscaling: fewest replicas (with --max-replicas; Ray Serve's autoscaling_config)")
+    max_replicas: int | None = opt(None, "autoscaling: most replicas")
+    target_ongoing_requests: float = opt(4.0, "autoscaling: requests per replica Ray Serve aims at (queued and running)")
+    replica_cpus: float = opt(1.0, "CPUs Ray reserves for each replica (set num_threads to match)")
+    max_ongoing_requests: int | None = opt(None, "most requests Ray sends one replica at once (default: "
+                                                 "max_num_seqs + max_waiting); more wait at the ingress")
+    affinity_imbalance: int = opt(4, "a request follows its prefix to the replica that served it last unless that "
+                                     "replica has this many more requests than the least loaded one")
+    app_name: str = opt("verispec", "the Ray Serve application's name")
+
+    @property
+    def enabled(self) -> bool:
+        return any(v is not None for v in (self.replicas, self.ray_address, self.min_replicas, self.max_replicas))
+
+    def __post_init__(self) -> None:
+        for name in ("replicas", "min_replicas", "max_replicas", "max_ongoing_requests"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "min_replicas" else 1)):
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if (self.min_replicas is None) != (self.max_replicas is None):
+            raise ConfigError("autoscaling needs both min_replicas and max_replicas")
+        if self.min_replicas is not None:
+            if self.replicas is not None:
+                raise ConfigError("give either replicas (a fixed number) or min_replicas and max_replicas (autoscaling), not both")
+            if self.min_replicas > self.max_replicas:
+                raise ConfigError(f"min_replicas ({self.min_replicas}) is above max_replicas ({self.max_replicas})")
+        if not self.target_ongoing_requests > 0:
+            raise ConfigError(f"target_ongoing_requests must be positive, got {self.target_ongoing_requests!r}")
+        if not self.replica_cpus >= 0:
+            raise ConfigError(f"replica_cpus must be 0 or more, got {self.replica_cpus!r}")
+        if isinstance(self.affinity_imbalance, bool) or not isinstance(self.affinity_imbalance, int) or self.affinity_imbalance < 0:
+            raise ConfigError(f"affinity_imbalance must be 0 or more, got {self.affinity_imbalance!r}")

@@ -1,0 +1,106 @@
+"""The Ray Serve application, and `verispec serve --replicas N` / `--ray-address ADDR`.
+
+    build_application(engine, server, cluster)  the application: Ingress -> Replica deployments
+    build(args)                                 Ray Serve's app-builder form, for `serve run` and
+                                                KubeRay's RayService (import_path verispec.cluster:build)
+    run(engine, server, cluster)                the CLI: start (or join) a cluster, deploy, serve
+                                                until interrupted, then delete the application
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+from verispec.config import ClusterConfig, EngineConfig, ServerConfig, SpeculativeConfig
+from verispec.errors import ConfigError
+
+
+def _require_ray():
+    try:
+        import ray  # noqa: F401
+        from ray import serve  # noqa: F401
+    except ImportError as e:
+        raise ConfigError("replicas on Ray Serve need Ray: pip install 'verispec[cluster]' (ray[serve]==2.60.0)") from e
+
+
+def build_application(engine: EngineConfig, server: ServerConfig, cluster: ClusterConfig):
+    _require_ray()
+    from ray import serve
+    from ray.serve.config import AutoscalingConfig, RequestRouterConfig
+
+    from verispec.cluster.ingress import Ingress
+    from verispec.cluster.replica import Replica
+    from verispec.cluster.routing import PrefixAffinityRouter
+
+    max_ongoing = cluster.max_ongoing_requests or engine.max_num_seqs + server.max_waiting
+    scale: dict[str, Any] = {"num_replicas": cluster.replicas or 1}
+    if cluster.min_replicas is not None:
+        scale = {"autoscaling_config": AutoscalingConfig(
+            min_replicas=cluster.min_replicas, max_replicas=cluster.max_replicas,
+            initial_replicas=max(cluster.min_replicas, 1), target_ongoing_requests=cluster.target_ongoing_requests,
+        )}
+    board = f"verispec-metrics-{cluster.app_name}"
+    replica = serve.deployment(
+        Replica, name="VerispecReplica", max_ongoing_requests=max_ongoing, ray_actor_options={"num_cpus": cluster.replica_cpus},
+        request_router_config=RequestRouterConfig(
+            request_router_class=PrefixAffinityRouter, request_router_kwargs={"imbalance": cluster.affinity_imbalance}),
+        health_check_period_s=5, health_check_timeout_s=30, graceful_shutdown_timeout_s=5, **scale,
+    ).bind(engine, server, board)
+    ingress = serve.deployment(
+        Ingress, name="VerispecIngress", num_replicas=1, ray_actor_options={"num_cpus": 0},
+        max_ongoing_requests=max(1000, 4 * max_ongoing),
+    ).bind(replica, board, server.max_request_bytes)
+    return ingress
+
+
+def build(args: dict[str, Any]):
+    """Ray Serve app builder: `args` holds EngineConfig, SpeculativeConfig, ServerConfig and
+    ClusterConfig fields by name (as the CLI's flags, with underscores)."""
+    def pick(cls, **extra):
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in args.items() if k in names and k != "speculative"}, **extra)
+
+    unknown = set(args) - {f.name for cls in (EngineConfig, SpeculativeConfig, ServerConfig, ClusterConfig)
+                           for f in dataclasses.fields(cls)}
+    if unknown:
+        raise ConfigError(f"unknown verispec options: {', '.join(sorted(unknown))}")
+    engine = pick(EngineConfig, speculative=pick(SpeculativeConfig))
+    return build_application(engine, pick(ServerConfig), pick(ClusterConfig))
+
+
+def run(engine: EngineConfig, server: ServerConfig, cluster: ClusterConfig) -> int:
+    """Deploy and serve until SIGINT/SIGTERM (the CLI's `serve` with cluster options)."""
+    _require_ray()
+    import ray
+    from ray import serve
+
+    started_here = cluster.ray_address is None
+    if started_here:
+        ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    else:
+        if "RAY_AUTH_MODE" not in os.environ and (os.environ.get("RAY_AUTH_TOKEN") or os.path.exists(os.path.expanduser("~/.ray/auth_token"))):
+            os.environ["RAY_AUTH_MODE"] = "token"  # Ray's token authentication, which its local clusters use by default
+        ray.init(address=cluster.ray_address, log_to_driver=False, logging_level="WARNING")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        serve.start(http_options={"host": server.host, "port": server.port})
+        n = f"{cluster.min_replicas}-{cluster.max_replicas} (autoscaling)" if cluster.min_replicas is not None else cluster.replicas or 1
+        print(f"verispec: deploying {engine.model} as {n} replicas on Ray ({ray.get_runtime_context().gcs_address}); "
+              "the endpoint answers once the first replica has loaded", file=sys.stderr)
+        serve.run(build_application(engine, server, cluster), name=cluster.app_name, route_prefix="/", blocking=False)
+        print(f"verispec: serving {engine.model} on http://{server.host}:{server.port}/v1", file=sys.stderr)
+        stop.wait()
+    finally:
+        if not started_here:  # our application leaves the shared cluster (bounded: the cluster may be going down too)
+            leaving = threading.Thread(target=serve.delete, args=(cluster.app_name,), daemon=True)
+            leaving.start()
+            leaving.join(30)
+        ray.shutdown()  # a cluster started here stops with it (Ctrl-C has signalled its processes too)
+    return 0

@@ -97,6 +97,7 @@ def target(tiny_dir):
 @pytest.fixture(scope="module")
 def ray_address():
     ray = pytest.importorskip("ray")  # the README's set-up installs .[cluster]; CI runs these
+    os.environ.setdefault("RAY_worker_niceness", "0")  # as `verispec serve --replicas` starts its clusters
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     try:
         yield ray.get_runtime_context().gcs_address
@@ -228,6 +229,26 @@ def test_metrics_carry_the_replica_label(cluster):
     assert "# TYPE vllm:time_to_first_token_seconds histogram" in text
 
 
+def test_a_client_that_leaves_aborts_its_request(cluster):
+    """A stream dropped by its client: the cancellation reaches the replica, which aborts the
+    request and frees its cache (seen in that replica's metrics)."""
+    body = {"model": MODEL, "prompt": "w5 w6", "max_tokens": 500, "temperature": 0, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", cluster + "/v1/completions", json=body, timeout=30) as r:
+        replica = r.headers["x-verispec-replica"]
+        aborted = metric(cluster, "vllm:request_success_total", finished_reason="abort", replica=replica)
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+    deadline = time.time() + 20  # metrics arrive within a second or two
+    while time.time() < deadline:
+        if (metric(cluster, "vllm:request_success_total", finished_reason="abort", replica=replica) == aborted + 1
+                and metric(cluster, "vllm:num_requests_running", replica=replica) == 0):
+            break
+        time.sleep(0.3)
+    assert metric(cluster, "vllm:request_success_total", finished_reason="abort", replica=replica) == aborted + 1
+    assert metric(cluster, "vllm:num_requests_running", replica=replica) == 0
+    assert metric(cluster, "verispec:kv_cache_bytes", replica=replica) == 0
+
+
 def test_a_replica_dies_during_load(cluster, ray_address):
     """Kill one replica while 12 requests run on both: requests it had not answered (non-streamed)
     are re-run elsewhere and succeed; its streams end with an error event; requests sent after the
@@ -301,3 +322,18 @@ def _kill(ray, tag: str) -> None:
             ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
             return
     raise AssertionError(f"no actor for replica {tag}")
+
+
+def test_app_builder_reads_string_args(target):
+    """`serve run verispec.cluster:build key=value ...` passes strings; KubeRay's YAML passes typed
+    values; unknown or invalid options are refused before anything is deployed."""
+    pytest.importorskip("ray")
+    from verispec.cluster import build
+
+    assert build({"model": target, "replicas": "2", "method": "prompt_lookup", "num_speculative_tokens": "4",
+                  "enable_prefix_caching": "true", "replica_cpus": "0.5"}) is not None
+    assert build({"model": target, "min_replicas": 1, "max_replicas": 3}) is not None
+    with pytest.raises(ConfigError, match="unknown verispec options: replics"):
+        build({"model": target, "replics": "2"})
+    with pytest.raises(ConfigError):
+        build({"model": target, "replicas": "0"})

@@ -76,9 +76,16 @@ class Replica:
                     headers = [(k, v) for k, v in message.get("headers", [])] + [(b"x-verispec-replica", self.replica_tag.encode())]
                     yield ("head", message["status"], headers)
                 elif message["type"] == "http.response.body":
-                    if message.get("body"):
-                        yield ("body", message["body"])
-                    if not message.get("more_body", False):
+                    body, more = message.get("body", b""), message.get("more_body", False)
+                    while more and not out.empty():  # what is already queued goes in one hop, not one per chunk
+                        nxt = out.get_nowait()
+                        if nxt is None or nxt["type"] != "http.response.body":
+                            out.put_nowait(nxt)  # (only None can follow a body; keep it for the loop)
+                            break
+                        body, more = body + nxt.get("body", b""), nxt.get("more_body", False)
+                    if body:
+                        yield ("body", body)
+                    if not more:
                         return
         finally:  # finished, or cancelled by a client that went away
             disconnected.set()

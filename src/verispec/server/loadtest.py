@@ -42,6 +42,13 @@ def add_load_parser(sub) -> None:
     p.add_argument("--k", type=int, default=4, help="draft tokens per step (default: 4)")
     p.add_argument("--backend", default="torch", help="the server's backend: torch or llamacpp (default: torch)")
     p.add_argument("--weights-format", default=None, help="llamacpp: Q8_0, F16 or F32 (default: the GGUF as shipped)")
+    p.add_argument("--replicas", default="0",
+                   help="comma list: 0 = one `verispec serve` process, N = N replicas on a local Ray cluster "
+                   "(`--replicas N`, needs .[cluster]); with 0 and N both given, also the cluster's overhead "
+                   "against one process at concurrency 1, alternating prompts (default: 0)")
+    p.add_argument("--num-threads", type=int, default=None,
+                   help="torch threads of every server and replica (default: torch's choice for one process; "
+                   "the cores shared out between replicas)")
     p.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=True,
                    help="torch: the server's batch_invariant option (default: on)")
 
@@ -120,8 +127,14 @@ def server_process(*args: str, timeout: float = 600.0):
 
 
 def _server(model: str, method: str, k: int, backend: str = "torch", weights_format: str | None = None,
-            batch_invariant: bool = True):
+            batch_invariant: bool = True, replicas: int = 0, num_threads: int | None = None):
     args = ["--model", model, "--served-model-name", "m", "--backend", backend]
+    cores = os.cpu_count() or 1
+    if replicas:  # the machine's cores shared out between the replicas
+        args += ["--replicas", str(replicas), "--replica-cpus", f"{cores / replicas:g}"]
+        num_threads = num_threads or max(1, cores // replicas)
+    if num_threads:
+        args += ["--num-threads", str(num_threads)]
     if weights_format:
         args += ["--weights-format", weights_format]
     if not batch_invariant:
@@ -201,24 +214,51 @@ def _overhead(base: str, model: str, method: str, k: int, conversations: list, m
     return lib_tokens / lib_time, srv_tokens / srv_time
 
 
+def _pair_overhead(single: str, cluster: str, conversations: list, max_tokens: int) -> tuple[float, float]:
+    """Tokens/s of one server process and of the cluster at concurrency 1, alternating per prompt."""
+    import openai
+
+    clients = [openai.OpenAI(base_url=b + "/v1", api_key="unused", max_retries=0, timeout=600) for b in (single, cluster)]
+    tokens, spent = [0, 0], [0.0, 0.0]
+    for messages in conversations:
+        for i, client in enumerate(clients):
+            t = time.perf_counter()
+            r = client.chat.completions.create(model="m", messages=messages, max_tokens=max_tokens, temperature=0)
+            spent[i] += time.perf_counter() - t
+            tokens[i] += r.usage.completion_tokens
+    return tokens[0] / spent[0], tokens[1] / spent[1]
+
+
 def run(args: argparse.Namespace) -> int:
     levels = [int(c) for c in args.concurrency.split(",")]
+    replicas = [int(n) for n in args.replicas.split(",")]
     conversations = _conversations(args.questions, args.requests)
     results: list[Level] = []
     overheads: dict[str, tuple[float, float]] = {}
+    cluster_overheads: dict[str, tuple[float, float]] = {}
     drafter: dict[str, tuple[float, float]] = {}  # per method: the drafter's cached tokens and bytes at the end
+    serve = lambda method, n=0: _server(args.model, method, args.k, args.backend, args.weights_format,  # noqa: E731
+                                        args.batch_invariant, replicas=n, num_threads=args.num_threads)
     for method in args.methods.split(","):
-        with _server(args.model, method, args.k, args.backend, args.weights_format, args.batch_invariant) as base:
-            asyncio.run(_level(base, method, 1, conversations[:2], 8, 60))  # warm-up, not reported
-            for c in levels:
-                level = asyncio.run(_level(base, method, c, conversations, args.max_tokens, args.time_limit))
-                results.append(level)
-                print(_row(level), file=sys.stderr, flush=True)
-            drafter[method] = (metric(base, "verispec:drafter_cached_tokens"), metric(base, "verispec:drafter_memory_bytes"))
-            if args.overhead:
-                overheads[method] = _overhead(base, args.model, method, args.k, conversations[: min(8, len(conversations))],
-                                              args.max_tokens, args.backend, args.weights_format, args.batch_invariant)
-    print(report(args, results, overheads, drafter))
+        for n in replicas:
+            label = method if n == 0 else f"{method}, {n} replica{'s' if n > 1 else ''} on Ray"
+            with serve(method, n) as base:
+                asyncio.run(_level(base, method, 1, conversations[:2], 8, 60))  # warm-up, not reported
+                for c in levels:
+                    level = asyncio.run(_level(base, label, c, conversations, args.max_tokens, args.time_limit))
+                    results.append(level)
+                    print(_row(level), file=sys.stderr, flush=True)
+                drafter[label] = (metric(base, "verispec:drafter_cached_tokens"), metric(base, "verispec:drafter_memory_bytes"))
+                if args.overhead and n == 0:
+                    overheads[method] = _overhead(base, args.model, method, args.k, conversations[: min(8, len(conversations))],
+                                                  args.max_tokens, args.backend, args.weights_format, args.batch_invariant)
+        if 0 in replicas:
+            for n in (n for n in replicas if n):
+                with serve(method, 0) as single, serve(method, n) as cluster:
+                    asyncio.run(_level(cluster, method, 1, conversations[:2], 8, 60))  # warm-up
+                    cluster_overheads[f"{method}, {n} replica{'s' if n > 1 else ''}"] = _pair_overhead(
+                        single, cluster, conversations[: min(8, len(conversations))], args.max_tokens)
+    print(report(args, results, overheads, drafter, cluster_overheads))
     return 0
 
 
@@ -249,11 +289,13 @@ def _row(level: Level) -> str:
 
 
 def report(args: argparse.Namespace, results: list[Level], overheads: dict[str, tuple[float, float]],
-           drafter: dict[str, tuple[float, float]] | None = None) -> str:
+           drafter: dict[str, tuple[float, float]] | None = None,
+           cluster_overheads: dict[str, tuple[float, float]] | None = None) -> str:
     lines = [
         f"Load test of `verispec serve --model {args.model} --backend {args.backend}"
         + (f" --weights-format {args.weights_format}" if args.weights_format else "")
         + ("" if args.batch_invariant else " --no-batch-invariant")
+        + (f" --num-threads {args.num_threads}" if getattr(args, "num_threads", None) else "")
         + f"` on loopback: up to {args.requests} chat requests per level ({args.questions or 'Spec-Bench'} "
         f"first turns, cycled where fewer), {args.max_tokens} new tokens each, greedy, streamed.",
         "",
@@ -269,4 +311,9 @@ def report(args: argparse.Namespace, results: list[Level], overheads: dict[str, 
         lines += ["", "Server against the library at concurrency 1 (same prompts, alternating):", ""]
         for method, (lib, srv) in overheads.items():
             lines.append(f"- {method}: library {lib:.1f} tok/s, server {srv:.1f} tok/s, overhead {100 * (1 - srv / lib):+.1f}%")
+    if cluster_overheads:
+        lines += ["", "Ray Serve cluster against one `verispec serve` process at concurrency 1 (same prompts, alternating, "
+                  "both up at once):", ""]
+        for label, (one, many) in cluster_overheads.items():
+            lines.append(f"- {label}: one process {one:.1f} tok/s, cluster {many:.1f} tok/s, overhead {100 * (1 - many / one):+.1f}%")
     return "\n".join(lines)

@@ -27,6 +27,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from verispec.cluster.metrics import ClusterMetrics, MetricsBoard
 from verispec.cluster.routing import affinity_keys
+from verispec.server.app import too_large
 from verispec.server.errors import APIError
 
 log = logging.getLogger("verispec")
@@ -90,12 +91,12 @@ class Ingress:
     async def _read_body(self, request: Request) -> bytes:
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_request_bytes):
-            raise _too_large(self.max_request_bytes)
+            raise too_large(self.max_request_bytes)
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > self.max_request_bytes:
-                raise _too_large(self.max_request_bytes)
+                raise too_large(self.max_request_bytes)
             chunks.append(chunk)
         return b"".join(chunks)
 
@@ -143,11 +144,6 @@ class Ingress:
                 yield f"data: {json.dumps(error.body())}\n\ndata: [DONE]\n\n".encode()
         finally:  # the client went away, or we are done
             rest.cancel()
-
-
-def _too_large(limit: int) -> APIError:
-    return APIError(413, f"the request body is over this server's limit of {limit} bytes (--max-request-bytes)",
-                    code="request_too_large")
 
 
 def _error(status: int, message: str, code: str) -> JSONResponse:

@@ -155,6 +155,12 @@ def create_app(engine_config: EngineConfig | None = None, server_config: ServerC
     return app
 
 
+def too_large(limit: int) -> APIError:
+    """The 413 for a body over `limit` bytes (this server's, and the cluster ingress's)."""
+    return APIError(413, f"the request body is over this server's limit of {limit} bytes (--max-request-bytes)",
+                    code="request_too_large")
+
+
 class BodyLimit:
     """413 for a request body over `limit` bytes, before anything parses it: at once from its
     Content-Length, or as soon as a chunked body passes the limit (the rest is never read)."""
@@ -187,8 +193,7 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
     async def _refuse(self, send) -> None:
-        body = json.dumps(APIError(413, f"the request body is over this server's limit of {self.limit} bytes "
-                                        "(--max-request-bytes)", code="request_too_large").body()).encode()
+        body = json.dumps(too_large(self.limit).body()).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})

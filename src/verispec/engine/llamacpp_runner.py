@@ -175,12 +175,21 @@ class LlamaCppRunner:
         return seq
 
     returns_aux = False  # llama.cpp's API gives logits and final embeddings, not inner layers' states
+    # A token tree would need one llama.cpp sequence per branch (each cell's sequence set decides
+    # what a row sees) and a copy of the prefix's cells per branch; not built: the decoder verifies
+    # a tree's most likely path as a chain on this backend instead.
+    supports_trees = False
 
     def forward(self, seq: int, tokens: list[int], num_logits: int = 1, return_hidden: bool = False,
-                aux_layers: tuple[int, ...] = ()) -> ForwardOutput:
-        return self.forward_batch([BatchItem(seq, tokens, num_logits, return_hidden, aux_layers)])[0]
+                aux_layers: tuple[int, ...] = (), parents: list[int] | None = None) -> ForwardOutput:
+        return self.forward_batch([BatchItem(seq, tokens, num_logits, return_hidden, aux_layers, parents)])[0]
+
+    def keep(self, seq: int, start: int, indices: list[int]) -> None:
+        raise ConfigError("the llamacpp backend does not verify token trees")
 
     def forward_batch(self, items: list[BatchItem]) -> list[ForwardOutput]:
+        if any(it.parents is not None for it in items):
+            raise ConfigError("the llamacpp backend does not verify token trees (supports_trees is False)")
         # rows: (seq, token, position, which item wants its logits or -1)
         rows: list[tuple[int, int, int, int]] = []
         for i, it in enumerate(items):

@@ -31,6 +31,7 @@ class BatchItem:
     num_logits: int = 1  # logits of the last num_logits of them
     return_hidden: bool = False
     aux_layers: tuple[int, ...] = ()  # residual streams entering these layers, for every token (EAGLE-3)
+    parents: list[int] | None = None  # the tokens form a token tree (Segment.parents); runners with supports_trees
 
 
 class ModelRunner(Protocol):
@@ -44,13 +45,19 @@ class ModelRunner(Protocol):
         """Open a sequence able to hold `capacity` tokens; returns its id."""
 
     def forward(self, seq: int, tokens: list[int], num_logits: int = 1, return_hidden: bool = False,
-                aux_layers: tuple[int, ...] = ()) -> ForwardOutput:
+                aux_layers: tuple[int, ...] = (), parents: list[int] | None = None) -> ForwardOutput:
         """Append `tokens` at the sequence's next positions; logits of the last `num_logits` of them
         (and, for drafters that read them, the residual streams entering `aux_layers`: runners that
-        can return them have `returns_aux` True)."""
+        can return them have `returns_aux` True). `parents`: the tokens are a token tree."""
 
     def forward_batch(self, items: list[BatchItem]) -> list[ForwardOutput]:
         """Several sequences in one forward (a ragged batch); one output per item, in order."""
+
+    supports_trees: bool  # forward takes parents (a token tree) and keep() keeps one of its paths
+
+    def keep(self, seq: int, start: int, indices: list[int]) -> None:
+        """After a token tree forwarded at `start`: keep the tree rows `indices` (a path, root
+        first) at positions start, start + 1, ... and forget the rest."""
 
     def verify_chunks(self, n: int) -> list[int]:
         """How n rows that all want logits may be forwarded a chunk at a time with every row's
@@ -113,19 +120,23 @@ class TorchRunner:
         return seq
 
     returns_aux = True  # forward can return the residual streams entering chosen layers
+    supports_trees = True  # every path of the torch backend masks a tree (models/transformer.py)
 
     def forward(self, seq: int, tokens: list[int], num_logits: int = 1, return_hidden: bool = False,
-                aux_layers: tuple[int, ...] = ()) -> ForwardOutput:
+                aux_layers: tuple[int, ...] = (), parents: list[int] | None = None) -> ForwardOutput:
         ids = torch.tensor(tokens, dtype=torch.int64)
-        return self.model.forward_batch([Segment(ids, self._caches[seq], num_logits, return_hidden, aux_layers)])[0]
+        return self.model.forward_batch([Segment(ids, self._caches[seq], num_logits, return_hidden, aux_layers, parents)])[0]
 
     def forward_batch(self, items: list[BatchItem]) -> list[ForwardOutput]:
         segments = [
             Segment(torch.tensor(it.tokens, dtype=torch.int64), self._caches[it.seq], it.num_logits, it.return_hidden,
-                    it.aux_layers)
+                    it.aux_layers, it.parents)
             for it in items
         ]
         return self.model.forward_batch(segments)
+
+    def keep(self, seq: int, start: int, indices: list[int]) -> None:
+        self._caches[seq].keep(start, indices)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """The target's token embeddings [T, hidden] (unscaled), for drafters that share them."""

@@ -3,7 +3,8 @@
 Keys and values are written at explicit positions; `length` says how many positions are
 valid, and only the cache's own verbs move it: `advance` after a forward has written its new
 positions, `truncate` to roll back. Rolling back after a rejected draft is O(1): `truncate` only
-moves `length` back, the stale entries are overwritten by the next write. `capacity` is the most the sequence may hold;
+moves `length` back, the stale entries are overwritten by the next write. A verified token tree
+keeps its accepted path with `keep`, which moves the path's entries together. `capacity` is the most the sequence may hold;
 the buffers start small and double on demand up to it, so a server can admit requests whose
 max_tokens is large without reserving that memory up front. Sliding-window layers (Gemma 3) keep every
 position too; the attention mask, not the cache, limits what they see, so truncation never
@@ -83,11 +84,21 @@ class KVCache:
             raise ValueError(f"cannot truncate a cache of length {self._length} to {length}")
         self._length = length
 
-    def keep(self, start: int, indices: torch.Tensor) -> None:
-        """Keep a path of a verified token tree: the entries at `start + indices` move to start,
-        start+1, ...; the rest are dropped. Token trees are issue 15; until it lands nothing
-        verifies a tree, so this fails loudly rather than half-working."""
-        raise NotImplementedError("KVCache.keep (keeping a token tree's accepted path) arrives with token trees, issue 15")
+    def keep(self, start: int, indices: list[int]) -> None:
+        """Keep one path of a verified token tree: the entries at slots start + indices[d] move to
+        start + d, and length becomes start + len(indices). Indices must increase (a path lists
+        ancestors before descendants), so no entry is overwritten before it moves.
+        Example: a tree at slots 10..14, path [0, 2, 4] kept -> slots 10, 12, 14 become 10, 11, 12."""
+        n = len(indices)
+        if any(b <= a for a, b in zip(indices, indices[1:])) or (n and (indices[0] < 0 or start + indices[-1] >= self._length)):
+            raise ValueError(f"cannot keep slots {start} + {list(indices)} of a cache of length {self._length}")
+        if not 0 <= start <= self._length:
+            raise ValueError(f"cannot keep a path from {start} in a cache of length {self._length}")
+        if list(indices) != list(range(n)):  # a chain's prefix needs no move
+            src = torch.tensor(indices, dtype=torch.int64, device=self.keys.device) + start
+            self.keys[:, :, start : start + n] = self.keys[:, :, src]
+            self.values[:, :, start : start + n] = self.values[:, :, src]
+        self._length = start + n
 
     def nbytes(self) -> int:
         return self.keys.numel() * self.keys.element_size() * 2

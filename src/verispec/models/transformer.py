@@ -216,6 +216,22 @@ class Segment:
     num_logits: int = 1  # logits of the last num_logits new tokens
     return_hidden: bool = False
     aux_layers: tuple[int, ...] = ()  # also return the residual stream entering these layers (EAGLE-3)
+    # A token tree: parents[t] = the row token t hangs below (-1: below the cache's last token).
+    # Row t is stored at slot cache.length + t but sits at position cache.length + depth(t) and
+    # attends to the cache and its own path only, so its logits are bit for bit those of decoding
+    # that path alone; KVCache.keep then keeps the accepted path. None: a chain.
+    parents: list[int] | None = None
+
+
+def tree_paths(parents: list[int]) -> list[list[int]]:
+    """Each row's path in a token tree: its ancestors root first, then itself. Depth = len - 1.
+    Example: parents [-1, 0, 0, 1] -> [[0], [0, 1], [0, 2], [0, 1, 3]]."""
+    paths: list[list[int]] = []
+    for t, p in enumerate(parents):
+        if not -1 <= p < t:
+            raise ValueError(f"tree row {t}: parent {p} must be -1 or an earlier row")
+        paths.append((paths[p] if p >= 0 else []) + [t])
+    return paths
 
 
 @dataclass
@@ -225,6 +241,12 @@ class _Span:
     end: int  # one past the last
     masks: dict  # per layer kind: (first key position, mask [T, S] or None)
     rowwise: bool = False  # batch-invariant decoding rows: attention one row at a time
+    paths: list[list[int]] | None = None  # a token tree's paths (tree_paths); None: a chain
+
+    @property
+    def depths(self) -> torch.Tensor | None:
+        """[T] each row's offset from start in positions (a tree's depths), None for a chain."""
+        return None if self.paths is None else torch.tensor([len(p) - 1 for p in self.paths])
 
 
 class Transformer:
@@ -331,6 +353,9 @@ class Transformer:
         for s in segments:
             if s.cache.length + s.tokens.shape[0] > s.cache.capacity:
                 raise IndexError(f"sequence of {s.cache.length + s.tokens.shape[0]} tokens exceeds its cache capacity {s.cache.capacity}")
+            if s.parents is not None and (len(s.parents) != s.tokens.shape[0] or len(s.parents) >= PROMPT_ROWS):
+                raise ValueError(f"a token tree needs one parent per token and fewer than {PROMPT_ROWS} tokens, "
+                                 f"got {len(s.parents)} parents for {s.tokens.shape[0]} tokens")
         if self.uses_kernel:
             short = [s.tokens.shape[0] < PROMPT_ROWS for s in segments]
             if all(short):
@@ -344,7 +369,9 @@ class Transformer:
         for s in segments:
             T, start = s.tokens.shape[0], s.cache.length
             rowwise = self.batch_invariant and T > 1 and s.num_logits == T
-            spans.append(_Span(row, start, start + T, {} if rowwise else self._masks(start, start + T, T), rowwise))
+            paths = tree_paths(s.parents) if s.parents is not None else None
+            masks = {} if rowwise else self._masks(start, start + T, T, paths)
+            spans.append(_Span(row, start, start + T, masks, rowwise, paths))
             row += T
         groups = self._row_groups(segments, self.invariant_width) if self.batch_invariant else None
         tokens = segments[0].tokens if len(segments) == 1 else torch.cat([s.tokens for s in segments])
@@ -370,7 +397,7 @@ class Transformer:
         for s in segments:
             T, start = s.tokens.shape[0], s.cache.length
             s.cache.reserve(start + T)  # the layer writes keys and values into the cache's buffers
-            spans.append(_Span(row, start, start + T, {}))
+            spans.append(_Span(row, start, start + T, {}, paths=tree_paths(s.parents) if s.parents is not None else None))
             rows.append(row)
             starts.append(start)
             row += T
@@ -382,6 +409,7 @@ class Transformer:
         if self.rope_local is not self.rope:
             ropes[True] = self._rope(self.rope_local, spans)
         gelu = c.activation != "silu"
+        parents = [None if s.parents is None else torch.tensor(s.parents, dtype=torch.int64) for s in segments]
         wanted, captured = {i for s in segments for i in s.aux_layers}, {}
         for i, L in enumerate(self.layers):
             if i in wanted:
@@ -392,7 +420,7 @@ class Transformer:
             x = self._kernel.decode_layer(
                 x, L.attn_norm, qkv, L.qkv_bias, L.qk_norm, o, L.post_attn_norm, L.mlp_norm, gate_up, down,
                 L.post_mlp_norm, cos, sin, [s.cache.keys[i] for s in segments], [s.cache.values[i] for s in segments],
-                rows, starts, c.num_heads, c.num_kv_heads, window, c.scale, c.rms_eps, gelu,
+                rows, starts, parents, c.num_heads, c.num_kv_heads, window, c.scale, c.rms_eps, gelu,
             )  # [N, hidden]
         return self._outputs(segments, spans, x, captured)
 
@@ -436,13 +464,20 @@ class Transformer:
         return groups + invariant_chunks(run, width)
 
     def _rope(self, table: RopeTable, spans: list[_Span]) -> tuple[torch.Tensor, torch.Tensor]:
-        parts = [table.get(sp.start, sp.end, self.dtype) for sp in spans]
+        """cos, sin [N, head_dim] at every row's position (a tree's rows at start + their depth)."""
+        parts = []
+        for sp in spans:
+            cos, sin = table.get(sp.start, sp.end, self.dtype)
+            depths = sp.depths
+            parts.append((cos, sin) if depths is None else (cos[depths], sin[depths]))
         if len(parts) == 1:
             return parts[0]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
-    def _masks(self, start: int, end: int, T: int) -> dict[bool, tuple[int, torch.Tensor | None]]:
-        """Per layer kind: (first key position to read, additive mask [T, end - first] or None).
+    def _masks(self, start: int, end: int, T: int, paths: list[list[int]] | None = None) -> dict[bool, tuple[int, torch.Tensor | None]]:
+        """Per layer kind: (first key slot to read, additive mask [T, end - first] or None).
+        A token tree (`paths`): a row sees the slots before start and its own path's, each key at
+        its position (start + its depth).
 
         The mask holds 0 where a query may attend and -inf elsewhere, in the model's dtype."""
         out: dict[bool, tuple[int, torch.Tensor | None]] = {}
@@ -454,7 +489,16 @@ class Transformer:
                 out[sliding] = (first, None)
                 continue
             k_pos = torch.arange(first, end)[None, :]  # [1, S]
-            blocked = k_pos > q_pos
+            if paths is None:
+                blocked = k_pos > q_pos
+            else:
+                depth = torch.tensor([len(p) - 1 for p in paths])
+                q_pos = start + depth[:, None]  # [T, 1]
+                k_pos = torch.cat([torch.arange(first, start), start + depth])[None, :]  # [1, S]: each slot's position
+                seen = torch.zeros(T, T, dtype=torch.bool)  # [query row, key row]: on the query's path
+                for t, path in enumerate(paths):
+                    seen[t, path] = True
+                blocked = torch.cat([torch.zeros(T, start - first, dtype=torch.bool), ~seen], dim=1)
             if sliding and window:
                 blocked |= k_pos <= q_pos - window
             out[sliding] = (first, torch.zeros(blocked.shape, dtype=self.dtype).masked_fill_(blocked, float("-inf")))
@@ -501,12 +545,20 @@ class Transformer:
         out = torch.bmm(probs, values)  # [kv_heads, g*T, D]
         return out.view(H, T, D).transpose(0, 1).reshape(T, H * D)
 
-    def _attention_row(self, i: int, layer: Layer, q: torch.Tensor, cache: KVCache, pos: int) -> torch.Tensor:
-        """One query row at position `pos` over exactly the keys it sees, as a one-token decode
-        computes it: q [1, heads, D] -> [1, heads * D]."""
+    def _attention_row(self, i: int, layer: Layer, q: torch.Tensor, cache: KVCache, slot: int, start: int = 0,
+                       path: list[int] | None = None) -> torch.Tensor:
+        """One query row over exactly the keys it sees, as a one-token decode computes it:
+        q [1, heads, D] -> [1, heads * D]. A chain's row at slot `slot` sits at that position; a
+        tree's row (`path`: its ancestors' and its own rows from `start`) at start + its depth,
+        seeing the slots before start, then its path's."""
+        pos = slot if path is None else start + len(path) - 1
         window = self.config.sliding_window
         first = max(0, pos - window + 1) if (layer.sliding and window) else 0
-        keys, values = cache.view(i, first, pos + 1)
+        if path is None:
+            keys, values = cache.view(i, first, pos + 1)
+        else:
+            slots = torch.tensor([p if p < start else start + path[p - start] for p in range(first, pos + 1)])
+            keys, values = cache.keys[i][:, slots], cache.values[i][:, slots]
         return self._attention(q, keys, values, None)
 
     def _gated(self, gate: torch.Tensor, up: torch.Tensor, groups: list[int] | None) -> torch.Tensor:
@@ -541,7 +593,9 @@ class Transformer:
             rows = slice(sp.row, sp.row + sp.end - sp.start)
             s.cache.write(i, sp.start, k[rows].transpose(0, 1), v[rows].transpose(0, 1))
             if sp.rowwise:
-                outs += [self._attention_row(i, layer, q[r : r + 1], s.cache, p) for r, p in zip(range(rows.start, rows.stop), range(sp.start, sp.end))]
+                paths = sp.paths or [None] * (sp.end - sp.start)
+                outs += [self._attention_row(i, layer, q[rows.start + t : rows.start + t + 1], s.cache, sp.start + t, sp.start, path)
+                         for t, path in enumerate(paths)]
                 continue
             first, attn_mask = sp.masks[layer.sliding]
             keys, values = s.cache.view(i, first, sp.end)  # [kv_heads, S, D]

@@ -7,7 +7,9 @@
 //   h = rmsnorm(x) ; g, u = h @ Wgu^T ; m = act(g) * u ; d = m @ Wdown^T (post-norm) ; x += d
 //
 // Rows: the segments of several sequences, segment s at rows [rows[s], rows[s + 1]) of x, its new
-// positions from starts[s], its cache layer keys[s], values[s] ([KVH, A, D]). Every step is row by
+// positions from starts[s], its cache layer keys[s], values[s] ([KVH, A, D]); parents[s] where its
+// rows are a token tree (each row at its depth's position, seeing its path: rowwise.cpp; cos and
+// sin are then the caller's, at those positions), rows written at slots starts[s].. all the same. Every step is row by
 // row with ops.h's fixed arithmetic, so a row's result does not depend on the rows beside it.
 // The four matrices are Weights (quant.cpp): float32, GGUF blocks, or parts of both.
 #include "rowwise.h"
@@ -27,8 +29,8 @@ torch::Tensor decode_layer(torch::Tensor x, torch::Tensor attn_norm, const Weigh
                            std::optional<torch::Tensor> qk_norm, const Weight& o, std::optional<torch::Tensor> post_attn_norm,
                            torch::Tensor mlp_norm, const Weight& gate_up, const Weight& down, std::optional<torch::Tensor> post_mlp_norm,
                            torch::Tensor cos, torch::Tensor sin, std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values,
-                           std::vector<int64_t> rows, std::vector<int64_t> starts, int64_t heads, int64_t kv_heads, int64_t window,
-                           double scale, double eps, bool gelu) {
+                           std::vector<int64_t> rows, std::vector<int64_t> starts, std::vector<std::optional<torch::Tensor>> parents,
+                           int64_t heads, int64_t kv_heads, int64_t window, double scale, double eps, bool gelu) {
   x = x.contiguous();
   cos = cos.contiguous();
   sin = sin.contiguous();
@@ -36,8 +38,8 @@ torch::Tensor decode_layer(torch::Tensor x, torch::Tensor attn_norm, const Weigh
   const int64_t S = static_cast<int64_t>(rows.size());
   TORCH_CHECK(x.scalar_type() == at::kFloat, "decode_layer: float32 only");
   TORCH_CHECK(cos.size(0) == N && sin.sizes() == cos.sizes(), "decode_layer: cos, sin [N, D]");
-  TORCH_CHECK(S > 0 && keys.size() == static_cast<size_t>(S) && values.size() == keys.size() && starts.size() == rows.size(),
-              "decode_layer: one rows, starts, keys, values entry per segment");
+  TORCH_CHECK(S > 0 && keys.size() == static_cast<size_t>(S) && values.size() == keys.size() && starts.size() == rows.size() &&
+              parents.size() == rows.size(), "decode_layer: one rows, starts, parents, keys, values entry per segment");
   TORCH_CHECK(weight_rows(qkv) == (QK + KVH) * D, "decode_layer: qkv has (heads + 2 kv_heads) * head_dim rows");
   const float feps = static_cast<float>(eps);
   vs::FpMode mode;
@@ -77,7 +79,7 @@ torch::Tensor decode_layer(torch::Tensor x, torch::Tensor attn_norm, const Weigh
         std::copy(kr, kr + D, kc + (g * A + start + t) * D);
         std::copy(vr, vr + D, vc + (g * A + start + t) * D);
       }
-    attn.narrow(0, r0, T).copy_(attention_rows(q_all.narrow(0, r0, T), keys[s], values[s], start, window, scale));
+    attn.narrow(0, r0, T).copy_(attention_rows(q_all.narrow(0, r0, T), keys[s], values[s], start, window, scale, parents[s]));
   }
 
   // 3. the attention's projection, its norm, the residual

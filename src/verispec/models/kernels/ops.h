@@ -4,7 +4,7 @@
 //   dot(a, b)    acc = 0; for each 16-float block of the inputs, in order: acc = fma(a, b, acc)
 //                (a short last block: zeros beyond the end); the sum tree of acc
 //   products     y[r, o] = dot(w[o], x[r]) for a block of outputs and up to 8 rows
-//   attend       one query row over its keys: scores = dot(q * scale, k_j), their maximum,
+//   attend       one query row over its keys (attend_slots: keys stored out of order, for trees): scores = dot(q * scale, k_j), their maximum,
 //                e^(s - max) (vs::exp) summed in 16 lanes then the tree, the values' weighted sum
 //                key by key in order, divided by that sum
 //   rmsnorm      y = (x * r) * w, r = 1 / sqrt(dot(x, x) / n + eps)
@@ -63,14 +63,18 @@ constexpr int outputs_per_block() {
   return kRegisters >= 32 ? ob : (ob / 2 > 0 ? ob / 2 : 1);
 }
 
-// out[0..D) = softmax over keys first..last of (q * scale) . k, applied to the values
-inline void attend(const float* q, const float* keys, const float* values, float* out, int64_t first, int64_t last,
-                   int64_t D, float scale, float* qs, float* scores) {
+// out[0..D) = softmax over keys first..last of (q * scale) . k, applied to the values; key
+// (position) j is stored at row slot(j) of keys and values. A chain's slot is the identity; a
+// token tree's node sees its ancestors, stored wherever the tree put them (rowwise.cpp): the
+// same keys in the same order give the same bits, wherever they lie.
+template <class Slot>
+inline void attend_slots(const float* q, const float* keys, const float* values, float* out, int64_t first, int64_t last,
+                         int64_t D, float scale, float* qs, float* scores, Slot slot) {
   for (int64_t d = 0; d < D; ++d) qs[d] = q[d] * scale;
   const int64_t S = last - first + 1;
   float mx = -INFINITY;
   for (int64_t j = 0; j < S; ++j) {
-    scores[j] = dot(qs, keys + (first + j) * D, D);
+    scores[j] = dot(qs, keys + slot(first + j) * D, D);
     mx = scores[j] > mx ? scores[j] : mx;
   }
   const V vmx = set1(mx);
@@ -95,7 +99,7 @@ inline void attend(const float* q, const float* keys, const float* values, float
   for (int64_t d = 0; d < D; ++d) out[d] = 0.0f;
   for (int64_t k = 0; k < S; ++k) {
     const V p = set1(scores[k]);
-    const float* v = values + (first + k) * D;
+    const float* v = values + slot(first + k) * D;
     int64_t d = 0;
     for (; d + 16 <= D; d += 16) store(out + d, fmadd(p, load(v + d), load(out + d)));
     if (d < D) {
@@ -104,6 +108,11 @@ inline void attend(const float* q, const float* keys, const float* values, float
     }
   }
   for (int64_t d = 0; d < D; ++d) out[d] = out[d] / total;
+}
+
+inline void attend(const float* q, const float* keys, const float* values, float* out, int64_t first, int64_t last,
+                   int64_t D, float scale, float* qs, float* scores) {
+  attend_slots(q, keys, values, out, first, last, D, scale, qs, scores, [](int64_t j) { return j; });
 }
 
 inline void rmsnorm(const float* x, const float* w, float* y, int64_t n, float eps) {

@@ -28,8 +28,13 @@ torch::Tensor rows_mm(torch::Tensor x, torch::Tensor w) {
 
 // out[t, h] = attend(q[t, h]) over keys j = first(t) .. pos(t) of kv head g(h): pos(t) = start + t,
 // first(t) = max(0, pos(t) - window + 1) with a window, else 0; g(h) = h / (H / KVH).
+// A token tree (parents [T] int64, parents[t] in [-1, t), -1: a root): row t is stored at slot
+// start + t but sits at position pos(t) = start + depth(t), and sees the positions before start and
+// then its path (its ancestors root first, then itself): the keys a chain decoding that path would
+// have at those positions, in the same order, so the same bits.
 // q [T, H, D]; keys, values [KVH, A, D] (one layer of a KVCache, A >= start + T) -> [T, H * D]
-torch::Tensor attention_rows(torch::Tensor q, torch::Tensor keys, torch::Tensor values, int64_t start, int64_t window, double scale) {
+torch::Tensor attention_rows(torch::Tensor q, torch::Tensor keys, torch::Tensor values, int64_t start, int64_t window, double scale,
+                             std::optional<torch::Tensor> parents) {
   TORCH_CHECK(q.dim() == 3 && keys.dim() == 3 && values.sizes() == keys.sizes() && q.size(2) == keys.size(2),
               "attention_rows: q [T, H, D], keys and values [KVH, A, D], got ", q.sizes(), ", ", keys.sizes(), ", ", values.sizes());
   TORCH_CHECK(q.scalar_type() == at::kFloat && keys.scalar_type() == at::kFloat && values.scalar_type() == at::kFloat, "attention_rows: float32 only");
@@ -39,6 +44,22 @@ torch::Tensor attention_rows(torch::Tensor q, torch::Tensor keys, torch::Tensor 
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), KVH = keys.size(0), A = keys.size(1);
   TORCH_CHECK(KVH > 0 && H % KVH == 0, "attention_rows: heads must be a multiple of kv heads");
   TORCH_CHECK(start >= 0 && start + T <= A, "attention_rows: rows beyond the cache");
+  // each row's path (segment rows, root first, itself last): paths[offset[t] .. offset[t + 1])
+  std::vector<int64_t> paths, offset(T + 1, 0);
+  const bool tree = parents.has_value();
+  if (tree) {
+    auto par = parents->contiguous();
+    TORCH_CHECK(par.scalar_type() == at::kLong && par.dim() == 1 && par.size(0) == T, "attention_rows: parents [T] int64");
+    const int64_t* pp = par.data_ptr<int64_t>();
+    std::vector<int64_t> up;
+    for (int64_t t = 0; t < T; ++t) {
+      TORCH_CHECK(pp[t] >= -1 && pp[t] < t, "attention_rows: parents[", t, "] = ", pp[t], " must be -1 or an earlier row");
+      up.clear();
+      for (int64_t r = t; r >= 0; r = pp[r]) up.push_back(r);
+      paths.insert(paths.end(), up.rbegin(), up.rend());
+      offset[t + 1] = static_cast<int64_t>(paths.size());
+    }
+  }
   auto out = torch::empty({T, H * D}, q.options());
   const float *qp = q.data_ptr<float>(), *kp = keys.data_ptr<float>(), *vp = values.data_ptr<float>();
   float* op = out.data_ptr<float>();
@@ -47,11 +68,19 @@ torch::Tensor attention_rows(torch::Tensor q, torch::Tensor keys, torch::Tensor 
     vs::FpMode mode;
     std::vector<float> qs(D), scores(start + T);
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t t = i / H, h = i % H, pos = start + t;
+      const int64_t t = i / H, h = i % H;
+      const int64_t pos = tree ? start + offset[t + 1] - offset[t] - 1 : start + t;
       const int64_t first = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
       const int64_t g = h / group;
-      vs::attend(qp + (t * H + h) * D, kp + g * A * D, vp + g * A * D, op + t * H * D + h * D, first, pos, D,
-                 static_cast<float>(scale), qs.data(), scores.data());
+      const float *kg = kp + g * A * D, *vg = vp + g * A * D;
+      float* o = op + t * H * D + h * D;
+      if (tree) {
+        const int64_t* path = paths.data() + offset[t];
+        vs::attend_slots(qp + (t * H + h) * D, kg, vg, o, first, pos, D, static_cast<float>(scale), qs.data(), scores.data(),
+                         [&](int64_t j) { return j < start ? j : start + path[j - start]; });
+      } else {
+        vs::attend(qp + (t * H + h) * D, kg, vg, o, first, pos, D, static_cast<float>(scale), qs.data(), scores.data());
+      }
     }
   });
   return out;
@@ -60,7 +89,9 @@ torch::Tensor attention_rows(torch::Tensor q, torch::Tensor keys, torch::Tensor 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("variant", []() { return std::string(vs::kVariant); });
   m.def("rows_mm", &rows_mm, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("attention_rows", &attention_rows, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("attention_rows", &attention_rows, pybind11::arg("q"), pybind11::arg("keys"), pybind11::arg("values"), pybind11::arg("start"),
+        pybind11::arg("window"), pybind11::arg("scale"), pybind11::arg("parents") = pybind11::none(),
+        pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("weight_mm", &weight_mm, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("dequantize", &dequantize, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("take_rows", &take_rows, pybind11::call_guard<pybind11::gil_scoped_release>());

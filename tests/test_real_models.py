@@ -85,7 +85,18 @@ def test_suffix_decoding_on_the_repetitive_workload(bundled):
     the figures are exact). SmolLM2 (instruct) answers with JSON, drafted from earlier answers;
     Gemma 3 270M (a base model) repeats the listing, drafted from the prompt."""
     name, llm = bundled
-    spec = LLM(name, speculative={"method": "suffix", "num_speculative_tokens": 8})
+    check_suffix_on_repetitive(name, llm, LLM(name, speculative={"method": "suffix", "num_speculative_tokens": 8}))
+
+
+def test_suffix_trees_on_the_repetitive_workload(bundled):
+    """The same with token trees (issue 15): every node's logits are its path's, so the output is
+    plain decoding's whichever path is kept."""
+    name, llm = bundled
+    check_suffix_on_repetitive(name, llm, LLM(name, speculative={"method": "suffix", "num_speculative_tokens": 8,
+                                                                 "tree_max_nodes": 16}))
+
+
+def check_suffix_on_repetitive(name, llm, spec):
     questions = [q for q in prompt_set("repetitive") if q["category"] == "batch_extraction"][:4]
     params = SamplingParams(temperature=0.0, max_tokens=48)
     accepted = drafts = 0

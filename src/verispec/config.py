@@ -193,6 +193,10 @@ class SpeculativeConfig:
     suffix_decoding_corpus: str | None = opt(
         None, "suffix: a file whose documents seed the earlier responses (.jsonl of strings or {\"text\": ...}; "
         "else plain text, documents between blank lines)")
+    tree_max_nodes: int = opt(
+        0, "token trees: a drafter that branches (suffix) proposes trees of up to this many nodes, at most "
+        "num_speculative_tokens deep, each verified in one forward; adaptive_k keeps the nodes the cost curve "
+        "pays for. Torch backend; requests with penalties, grammars or logit_bias keep chains (0 = chains)")
     adaptive_k: bool = opt(
         True,
         "choose each request's k (0..num_speculative_tokens) per step from its measured acceptance "
@@ -230,6 +234,9 @@ class SpeculativeConfig:
             raise InvalidSpeculativeConfigError(f"suffix_decoding_max_spec_factor must be in (0, 64], got {factor!r}")
         if isinstance(prob, bool) or not isinstance(prob, (int, float)) or not 0 <= prob <= 1:
             raise InvalidSpeculativeConfigError(f"suffix_decoding_min_token_prob must be in [0, 1], got {prob!r}")
+        t = self.tree_max_nodes
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= 32:
+            raise InvalidSpeculativeConfigError(f"tree_max_nodes must be in 0..32, got {t!r}")
         d = self.disable_by_batch_size
         if d is not None and (isinstance(d, bool) or not isinstance(d, int) or d < 1):
             raise InvalidSpeculativeConfigError(f"disable_by_batch_size must be a positive integer, got {d!r}")

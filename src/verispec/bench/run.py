@@ -164,6 +164,9 @@ def build_methods(cfg: BenchConfig, llm) -> tuple[list[Method], dict[str, str], 
     return ready, skipped, failed
 
 
+TREE_NODES = 16  # suffix_tree's tree_max_nodes (the cached cost curve covers 17 rows)
+
+
 def _add_methods(cfg: BenchConfig, llm, eos: list[int], llms: dict, methods: list[Method],
                  skipped: dict[str, str]) -> None:
     """--methods into `methods`, in order (a peer's child is started, not waited for)."""
@@ -172,14 +175,16 @@ def _add_methods(cfg: BenchConfig, llm, eos: list[int], llms: dict, methods: lis
         try:
             if base == "plain":
                 methods.append(OursMethod(name, family_llm(cfg, llm, family, llms), None))
-            elif base in ("prompt_lookup", "draft_model", "suffix", "suffix_cold", "eagle3"):
+            elif base in ("prompt_lookup", "draft_model", "suffix", "suffix_cold", "suffix_tree", "eagle3"):
                 if base == "draft_model" and not cfg.draft_model:
                     raise Unavailable("no --draft-model given (none of the bundled models shares a vocabulary)")
                 # suffix keeps the earlier responses of the whole run (its global tree warms as the
                 # run goes); suffix_cold keeps none, as a server that just started
-                extra = {"suffix_decoding_max_cached_requests": 0} if base == "suffix_cold" else {}
+                # suffix_tree: the same store, drafting token trees of up to TREE_NODES nodes
+                extra = {"suffix_cold": {"suffix_decoding_max_cached_requests": 0},
+                         "suffix_tree": {"tree_max_nodes": TREE_NODES}}.get(base, {})
                 spec = SpeculativeConfig(
-                    method=base.removesuffix("_cold"), num_speculative_tokens=cfg.k,
+                    method=base.removesuffix("_cold").removesuffix("_tree"), num_speculative_tokens=cfg.k,
                     draft_model=cfg.eagle_head if base == "eagle3" else cfg.draft_model,
                     adaptive_k=cfg.adaptive_k, cost_profile=family_profile(cfg.cost_profile, family, cfg.model), **extra,
                 )

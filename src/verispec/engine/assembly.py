@@ -89,7 +89,7 @@ def build_decoder(runner: ModelRunner, spec: SpeculativeConfig | None, engine: E
         return SpeculativeDecoder(runner, **options)
     proposer = create_proposer(spec, runner) if spec.method else None
     policy = build_policy(spec, getattr(proposer, "relative_cost", 0.0), runner)
-    return SpeculativeDecoder(runner, proposer, spec.num_speculative_tokens, policy, **options)
+    return SpeculativeDecoder(runner, proposer, spec.num_speculative_tokens, policy, tree_nodes=spec.tree_max_nodes, **options)
 
 
 def build_policy(spec: SpeculativeConfig, draft_cost: float = 0.0, runner: ModelRunner | None = None) -> SpeculationPolicy:
@@ -97,13 +97,14 @@ def build_policy(spec: SpeculativeConfig, draft_cost: float = 0.0, runner: Model
     "measured" (timed once per machine and model, then read from the cache), "auto" (timed now),
     "builtin" (the backend's built-in curve), or a profile file."""
     k = spec.num_speculative_tokens if spec.method else 0
+    rows = max(k, spec.tree_max_nodes if spec.method else 0) + 1  # the most rows a verification forwards
     cost = backend_cost(runner)
     timed = spec.method and spec.adaptive_k and runner is not None
     if spec.cost_profile in ("auto", "measured"):
         if runner is None and spec.cost_profile == "auto":
             raise ConfigError('cost_profile "auto" needs the loaded model to time')
         if timed:
-            cost = measured_cost(runner, k + 1) if spec.cost_profile == "auto" else cached_cost(runner, k + 1)
+            cost = measured_cost(runner, rows) if spec.cost_profile == "auto" else cached_cost(runner, rows)
     elif spec.cost_profile and spec.cost_profile != "builtin":
         try:
             cost = profile_cost(CostProfile.load(Path(spec.cost_profile)))

@@ -29,6 +29,16 @@ lossless: the output distribution does not depend on k.
 
 Example: a = 0.8, cost(n) = 1 + 0.15 (n - 1), draft_cost 0: E(4) = 3.36 for cost 1.6 (2.1 tokens
 per unit), E(2) = 2.44 for cost 1.3 (1.88): k = 4 wins. At a = 0.1 every k > 0 loses to plain.
+
+Token trees (`tree_size`) are sized the same way from the drafter's own estimates: a tree drafter
+gives each node the probability that it is accepted (its path's estimate), nodes best first, so
+the first n nodes are the best tree of n. A tree of n nodes yields 1 + sum of its nodes'
+probabilities on average (each node counts when the accepted path passes through it), for
+cost(n + 1) + n draft costs; the policy keeps the n with the most tokens per unit of cost. The
+drafter's probabilities are scaled by the request's calibration (per draft kind): accepted
+tokens over the probabilities' sum, decayed over past trees as the rate above. Example: node
+probabilities [0.9, 0.6, 0.3, 0.1], calibration 1, the cost above with DRAFT_OVERHEAD per node:
+n = 2 yields 2.5 for 1.4 (1.79 per unit), n = 3 yields 2.8 for 1.6 (1.75): 2 nodes.
 """
 
 from __future__ import annotations
@@ -67,13 +77,25 @@ class AcceptanceEstimate:
     steps_without_draft: int = 0
     probe_interval: int = 0  # steps between probes while drafting does not pay (doubles per probe)
 
+    predicted: float = 1.0  # token trees: decayed sum of the verified nodes' probabilities
+    realised: float = 1.0  # and of the tokens accepted from them (prior: calibration 1)
+
     @property
     def rate(self) -> float:
         return self.accepted / (self.accepted + self.rejected)
 
+    @property
+    def calibration(self) -> float:
+        """Accepted tree tokens per unit of the drafter's estimated probability."""
+        return self.realised / self.predicted
+
     def observe(self, num_draft: int, num_accepted: int) -> None:
         self.accepted = DECAY * self.accepted + num_accepted
         self.rejected = DECAY * self.rejected + (1.0 if num_accepted < num_draft else 0.0)
+
+    def observe_tree(self, node_probs: list[float], num_accepted: int) -> None:
+        self.predicted = DECAY * self.predicted + sum(node_probs)
+        self.realised = DECAY * self.realised + num_accepted
 
 
 class SpeculationPolicy:
@@ -138,8 +160,27 @@ class SpeculationPolicy:
             return 0
         if not self.adaptive:
             return self.max_k
-        k = self.best_k(estimate.rate, early_exit)
-        if k > 0:  # drafting pays: probing starts afresh if it stops paying again
+        return self._paying(self.best_k(estimate.rate, early_exit), estimate, early_exit)
+
+    def tree_size(self, node_probs: list[float], estimate: AcceptanceEstimate, batch_size: int) -> int:
+        """How many of a tree draft's nodes (best first: any first n are a tree) to verify."""
+        if not node_probs or (self.disable_by_batch_size is not None and batch_size > self.disable_by_batch_size):
+            return 0
+        if not self.adaptive:
+            return len(node_probs)
+        c, per_node = estimate.calibration, self.draft_cost + DRAFT_OVERHEAD
+        best_n, best, expected = 0, 1.0 / self.cost(1), 1.0
+        for n, p in enumerate(node_probs, 1):
+            expected += min(1.0, c * p)
+            rate = expected / (self.cost(n + 1) + n * per_node)
+            if rate > best:
+                best_n, best = n, rate
+        return self._paying(best_n, estimate, False)
+
+    def _paying(self, k: int, estimate: AcceptanceEstimate, early_exit: bool) -> int:
+        """k where drafting pays (probing starts afresh should it stop paying); else 0, or a
+        probe of probe_k tokens once its interval has passed (see the module)."""
+        if k > 0:
             estimate.steps_without_draft = 0
             estimate.probe_interval = self.probe_every
             return k

@@ -4,13 +4,15 @@ Invariant: the target's cache holds every token of the request except the last o
 the newest output token, not yet seen by the target). A step:
 
   1. propose  the drafter offers up to k tokens continuing prompt + output (cut at the first
-              token a structured-output grammar rejects);
-  2. verify   one target forward over [pending] + draft -> logits at all k + 1 positions;
+              token a structured-output grammar rejects), or a token tree (`tree_nodes`);
+  2. verify   one target forward over [pending] + draft -> logits at all k + 1 positions (a
+              tree's nodes each seeing only their path: models/transformer.py);
   3. accept   each position's logits processed as plain decoding would (logit bias, grammar
               mask, penalties counting the drafts before it: engine/logits.py); greedy: keep
-              drafts while they equal the argmax; sampling: lossless rejection sampling; either
-              way one more token (recovered or bonus) follows;
-  4. commit   roll the target's cache back to the kept tokens, tell the drafter;
+              drafts while they equal the argmax; sampling: lossless rejection sampling (a tree:
+              sampling/tree.py); either way one more token (recovered or bonus) follows;
+  4. commit   roll the target's cache back to the kept tokens (a tree: keep its accepted path),
+              tell the drafter;
   5. emit     append the kept tokens (and their logprobs), stopping at exactly the token where a
               stop condition hits.
 
@@ -36,10 +38,12 @@ from verispec.engine.policy import AcceptanceEstimate, SpeculationPolicy
 from verispec.engine.prefix_cache import PrefixCache
 from verispec.engine.runner import BatchItem, ModelRunner
 from verispec.engine.stops import StopChecker
-from verispec.errors import ContextLengthError, InvalidPromptError, InvalidSamplingParamsError
+from verispec.errors import (ContextLengthError, InvalidPromptError, InvalidSamplingParamsError,
+                             InvalidSpeculativeConfigError)
 from verispec.proposers.base import Draft, Proposer, SequenceView
 from verispec.sampling.processors import logits_to_probs
 from verispec.sampling.rejection import VerifyOutput, greedy_verify, rejection_sample
+from verispec.sampling.tree import greedy_tree_verify, tree_rejection_sample
 from verispec.structured.grammar import GrammarCompiler
 
 
@@ -81,10 +85,21 @@ class SpeculativeDecoder:
         logprobs_mode: str = "raw_logprobs",
         prefix_cache: PrefixCache | None = None,
         prefill_rows: int | None = None,
+        tree_nodes: int = 0,
     ) -> None:
         """`policy` chooses k per request and step; by default always `num_speculative_tokens`.
         `prefix_cache`: reuse earlier requests' prefixes; `prefill_rows`: prefill prompts that many
-        rows per forward through the decoding kernels (None: a prompt in one forward)."""
+        rows per forward through the decoding kernels (None: a prompt in one forward).
+        `tree_nodes` > 0: the drafter proposes token trees of up to that many nodes, k deep, sized
+        by the policy (`tree_size`); requests that process logits (penalties, grammars, logit
+        bias) keep chains."""
+        if tree_nodes and not (proposer is not None and getattr(proposer, "proposes_trees", False)):
+            raise InvalidSpeculativeConfigError(f"tree_max_nodes needs a drafter that proposes token trees (suffix), "
+                                                f"not {getattr(proposer, 'name', None)!r}")
+        if tree_nodes and not getattr(target, "supports_trees", False):
+            raise InvalidSpeculativeConfigError(f"the {getattr(target, 'backend', '?')} backend does not verify token "
+                                                f"trees: set tree_max_nodes to 0")
+        self.tree_nodes = tree_nodes
         self.target = target
         self.proposer = proposer
         k = num_speculative_tokens if proposer is not None else 0
@@ -211,6 +226,9 @@ class SpeculativeDecoder:
         emitted_all = []
         for req, draft, base, logits, state in zip(reqs, drafts, bases, verified, states):
             req.metrics.num_target_forwards += 1
+            if draft.parents is not None:
+                emitted_all.append(self._tree_step(req, draft, base, logits, state))
+                continue
             # 3. accept (over the rows verified: a greedy verification may have stopped early)
             result, dist = self._accept(req, logits, Draft(draft.tokens[: logits.shape[0] - 1], draft.probs))  # [m, vocab]
             num_accepted = int(result.num_accepted[0])
@@ -229,6 +247,29 @@ class SpeculativeDecoder:
             req.metrics.observe_draft(len(draft), min(num_accepted, len(emitted)))
             emitted_all.append(emitted)
         return emitted_all
+
+    def _tree_step(self, req: Request, draft: Draft, base: int, logits: torch.Tensor, state: torch.Tensor | None) -> list[int]:
+        """Steps 3-5 for a token tree: logits [n + 1, vocab], row 0 the pending token's, row i + 1
+        node i's. Requests with trees process no logits beyond sampling's (see __init__)."""
+        # 3. accept: the longest agreeing path (greedy), or multi-candidate rejection sampling
+        p = req.params
+        if p.greedy:
+            dist = logits
+            out = greedy_tree_verify(logits.argmax(dim=-1), draft.tokens, draft.parents)
+        else:
+            dist = torch.cat([logits_to_probs(row[None], p.temperature, p.top_k, p.top_p, p.min_p) for row in logits])
+            out = tree_rejection_sample(dist, draft.tokens, draft.parents, draft.probs, generator=req.view.generator)
+        rows = [0] + [i + 1 for i in out.path]  # the pending token's row, then the accepted path's
+        # 4. commit: the accepted path's keys and values move together after the pending token's
+        self.target.keep(req.target_seq, base, rows)
+        if state is not None:
+            req.view.states.append(state[rows])  # [kept rows, state_width]
+        self.proposer.accept(req.view, len(out.path))
+        req.estimates.setdefault(draft.kind or "", AcceptanceEstimate()).observe_tree(draft.node_probs or [], len(out.path))
+        # 5. emit
+        emitted = self._emit(req, out.tokens, logits[rows], dist[rows])
+        req.metrics.observe_draft(len(draft), min(len(out.path), len(emitted)))
+        return emitted
 
     def _keep_states(self, req: Request, out) -> None:
         """Hand a prefill chunk's target states ([chunk rows, state_width]) to a drafter that reads them."""
@@ -253,9 +294,12 @@ class SpeculativeDecoder:
         the weights are read once instead of twice.
         """
         rows = [[req.output_ids[-1], *d.tokens] for req, d in zip(reqs, drafts)]
-        plans = [self.target.verify_chunks(len(r)) for r in rows]
+        # a tree in one forward (no early exit: a rejected node says nothing of its siblings)
+        trees = [None if d.parents is None else [-1] + [p + 1 for p in d.parents] for d in drafts]
+        plans = [self.target.verify_chunks(len(r)) if t is None else [len(r)] for r, t in zip(rows, trees)]
         if all(len(plan) == 1 for plan in plans):
-            items = [BatchItem(req.target_seq, r, num_logits=len(r), **self._state_args) for req, r in zip(reqs, rows)]
+            items = [BatchItem(req.target_seq, r, num_logits=len(r), parents=t, **self._state_args)
+                     for req, r, t in zip(reqs, rows, trees)]
             outs = self.target.forward_batch(items)
             return [out.logits for out in outs], [self._state_of(out) for out in outs]
         parts: list[list[torch.Tensor]] = [[] for _ in reqs]
@@ -264,8 +308,8 @@ class SpeculativeDecoder:
         active, chunk = list(range(len(reqs))), 0
         while active:
             sizes = [plans[i][chunk] for i in active]
-            items = [BatchItem(reqs[i].target_seq, rows[i][done[i] : done[i] + n], num_logits=n, **self._state_args)
-                     for i, n in zip(active, sizes)]
+            items = [BatchItem(reqs[i].target_seq, rows[i][done[i] : done[i] + n], num_logits=n, parents=trees[i],
+                               **self._state_args) for i, n in zip(active, sizes)]
             still = []
             for i, n, out in zip(active, sizes, self.target.forward_batch(items)):
                 parts[i].append(out.logits)  # [n, vocab]: the targets of rows[i][done + 1 .. done + n]
@@ -285,6 +329,14 @@ class SpeculativeDecoder:
             return Draft(tokens=[])
         # never more than can still be emitted, so the cache never overflows
         room = req.params.max_tokens - len(req.output_ids) - 1
+        if self.tree_nodes and req.processor is None:
+            depth, nodes = min(self.policy.max_k, room), min(self.tree_nodes, room)
+            tree = self.proposer.propose_tree(req.view, depth, nodes) if depth > 0 and nodes > 0 else Draft(tokens=[])
+            if not len(tree) or tree.parents is None or tree.node_probs is None:
+                return Draft(tokens=[])
+            estimate = req.estimates.setdefault(tree.kind or "", AcceptanceEstimate())
+            n = self.policy.tree_size(tree.node_probs, estimate, batch_size)
+            return tree.first(min(n, nodes)) if n > 0 else Draft(tokens=[])
         early_exit = req.params.greedy  # see _verify; the policy weighs the chunks it may skip
         if getattr(self.proposer, "labels_drafts", False):  # draft first, then the k its kind pays for
             most = min(self.policy.choose(AcceptanceEstimate(1.0, 0.0), batch_size, early_exit), room)

@@ -4,9 +4,10 @@ A drafter's lifecycle has four verbs (as llama.cpp's common/speculative.h): `beg
 `propose` a draft, learn how much of it was `accept`ed, `end` the request. A new method is a new
 file that registers a class; the engine never branches on method names.
 
-Designed for what comes next, with hooks that fail loudly until the issue that needs them lands
-(a drafter relying on one must not run as if it worked):
-- token trees (issue 15): `Draft.parents` (None = a chain; a chain is the degenerate tree);
+Beyond chains:
+- token trees: a drafter that can branch (`proposes_trees`) also has `propose_tree`, whose Draft
+  has `parents` (None = a chain; a chain is the degenerate tree) and `node_probs`; the decoder
+  sizes the tree by cost (engine/policy.py), verifies it in one forward and keeps one path;
 - drafters that read the target's hidden states (EAGLE): a `target_states` attribute (layer ids
   whose input residual streams it reads, or "final" for the last hidden state); the decoder then
   hands it the states of every kept position through `SequenceView.states`;
@@ -32,7 +33,11 @@ if TYPE_CHECKING:
 class Draft:
     tokens: list[int]  # [n] proposed token ids in the target's vocabulary, n <= k
     probs: torch.Tensor | None = None  # [n, vocab] processed draft distribution; None = deterministic
-    parents: list[int] | None = None  # tree drafts: parent node of each token, -1 = root (issue 15)
+    parents: list[int] | None = None  # tree drafts: parent node of each token, -1 = the root (the pending token)
+    # Tree drafts: each node's estimated probability of being accepted (the product of its path's
+    # estimates), nodes listed best first with every parent before its children, so any first n
+    # nodes are a tree: the decoder keeps the n the cost curve pays for.
+    node_probs: list[float] | None = None
     # Drafts of one kind share an acceptance estimate in the k policy (engine/policy.py). A drafter
     # whose drafts differ in reliability labels them (suffix decoding: long or short matches, in the
     # request's own text or in earlier responses) and sets `labels_drafts`: it is then asked for up
@@ -41,7 +46,29 @@ class Draft:
 
     def __post_init__(self) -> None:
         if self.parents is not None:
-            raise NotImplementedError("tree drafts (Draft.parents) are not verified yet: token trees are issue 15")
+            if len(self.parents) != len(self.tokens) or any(not -1 <= p < i for i, p in enumerate(self.parents)):
+                raise ValueError(f"a tree draft needs one parent per token, each -1 or an earlier node: {self.parents}")
+            if self.node_probs is not None and len(self.node_probs) != len(self.tokens):
+                raise ValueError("a tree draft needs one node probability per token")
+
+    def first(self, n: int) -> "Draft":
+        """The draft's first n tokens (a tree's first n nodes: a tree too)."""
+        cut = lambda xs: None if xs is None else xs[:n]  # noqa: E731
+        return Draft(self.tokens[:n], cut(self.probs), parents=cut(self.parents), node_probs=cut(self.node_probs), kind=self.kind)
+
+    def best_path(self) -> "Draft":
+        """A tree's most likely path (from the root, the child with the highest node probability
+        each time) as a chain; a chain as it is."""
+        if self.parents is None:
+            return self
+        path, at = [], -1
+        while True:
+            kids = [i for i, p in enumerate(self.parents) if p == at]
+            if not kids:
+                break
+            at = max(kids, key=lambda i: (self.node_probs or [0.0] * len(self.tokens))[i])
+            path.append(at)
+        return Draft([self.tokens[i] for i in path], None if self.probs is None else self.probs[path], kind=self.kind)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -70,6 +97,7 @@ class Proposer(Protocol):
     name: ClassVar[str]
     relative_cost: float  # cost of drafting one token, in one-token target forwards (for the k policy)
     labels_drafts: ClassVar[bool]  # its drafts carry a `kind` (optional: False where absent)
+    proposes_trees: ClassVar[bool]  # it has propose_tree (optional: False where absent)
 
     def begin(self, seq: SequenceView) -> None:
         """A new request; `seq.tokens` is its prompt."""
@@ -77,8 +105,13 @@ class Proposer(Protocol):
     def propose(self, seq: SequenceView, k: int) -> Draft:
         """Up to k tokens continuing `seq.tokens` (fewer, even none, is allowed)."""
 
+    def propose_tree(self, seq: SequenceView, max_depth: int, max_nodes: int) -> Draft:
+        """(Drafters with `proposes_trees`.) A tree of up to max_nodes tokens, none deeper than
+        max_depth, with `parents` and `node_probs` (see Draft); a chain or nothing is allowed."""
+
     def accept(self, seq: SequenceView, num_accepted: int) -> None:
-        """The target kept the first `num_accepted` tokens of the last draft."""
+        """The target kept the first `num_accepted` tokens of the last draft (of a tree: the
+        accepted path's length)."""
 
     def end(self, seq: SequenceView) -> None:
         """The request finished: free what it holds."""

@@ -30,6 +30,8 @@ engine served (greedy tokens never do).
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
 import logging
 from array import array
@@ -54,6 +56,8 @@ class Candidate:
     tokens: list[int]
     score: float  # expected accepted tokens: the sum of the path probabilities
     match_len: int
+    parents: list[int] | None = None  # a tree (`_grow`): each node's parent, -1 = the root
+    probs: list[float] | None = None  # a tree: each node's path probability
 
 
 class TokenIndex:
@@ -92,9 +96,28 @@ class TokenIndex:
             self.tokens.append(END)
 
     def best(self, tail: list[int], k: int, max_depth: int, max_spec_factor: float, min_token_prob: float,
-             exclude_from: int | None = None) -> Candidate | None:
+             exclude_from: int | None = None, max_nodes: int = 0) -> Candidate | None:
         """The best draft of up to k tokens continuing `tail`, or None. Occurrences at or after
-        `exclude_from` are ignored (the tail itself, in the request's own index)."""
+        `exclude_from` are ignored (the tail itself, in the request's own index). `max_nodes` > 0:
+        a tree of up to that many nodes, k deep at most (`_grow`), instead of a chain."""
+        found = self._occurrences(tail, k, max_depth, exclude_from)
+        if found is None:
+            return None
+        rows, lv = found
+        best: Candidate | None = None
+        for L in sorted(set(lv), reverse=True)[:MAX_LEVELS]:
+            n_tokens = min(k, int(L * max_spec_factor + 1e-6))
+            if n_tokens < 1:
+                continue
+            level = [r for r, m in zip(rows, lv) if m >= L]
+            c = _grow(level, n_tokens, max_nodes, min_token_prob, L) if max_nodes else _walk(level, n_tokens, min_token_prob, L)
+            if c.tokens and (best is None or c.score > best.score):
+                best = c
+        return best
+
+    def _occurrences(self, tail: list[int], k: int, max_depth: int, exclude_from: int | None) -> tuple[list[list[int]], list[int]] | None:
+        """The occurrences of the tail's last bigram (the most recent MAX_CANDIDATES): what followed
+        each ([n][k] tokens, END past a document) and how many tokens of the tail each matched."""
         if len(tail) < 2 or k < 1:
             return None
         pos = self.where.get(self._key(tail[-2], tail[-1]))
@@ -112,17 +135,7 @@ class TokenIndex:
         # continuations [n, k]: END past a document's end (and past the index's end)
         idx = p[:, None] + 1 + np.arange(k)
         cont = np.where(idx < len(toks), toks[np.minimum(idx, len(toks) - 1)], END)
-        rows = cont.tolist()
-        lv = levels.tolist()
-        best: Candidate | None = None
-        for L in sorted(set(lv), reverse=True)[:MAX_LEVELS]:
-            n_tokens = min(k, int(L * max_spec_factor + 1e-6))
-            if n_tokens < 1:
-                continue
-            c = _walk([r for r, m in zip(rows, lv) if m >= L], n_tokens, min_token_prob, L)
-            if c.tokens and (best is None or c.score > best.score):
-                best = c
-        return best
+        return cont.tolist(), levels.tolist()
 
     def _match_lengths(self, toks: np.ndarray, p: np.ndarray, tail: list[int], max_depth: int) -> np.ndarray:
         """How many tokens of `tail` end at each position of p (at most max_depth): one gather of
@@ -174,6 +187,38 @@ def _walk(rows: list[list[int]], n_tokens: int, min_token_prob: float, match_len
     return Candidate(out, score, match_len)
 
 
+def _grow(rows: list[list[int]], depth: int, max_nodes: int, min_token_prob: float, match_len: int) -> Candidate:
+    """A token tree over the continuations `rows`, best first: the node with the highest path
+    probability (its share of the occurrences agreeing so far, multiplied along its path) joins
+    next, then its children become candidates; up to max_nodes nodes, `depth` deep, none below
+    min_token_prob. Nodes come out best first and parents before children, so any first n of
+    them are a tree too (Draft.node_probs). Ties: the smaller token first, as `_walk`.
+    Example: rows [[5, 6], [5, 6], [5, 7], [9, 1]], depth 2: nodes 5 (0.75), 5-6 (0.5), 5-7
+    (0.25), 9 (0.25), 9-1 (0.25): tokens [5, 6, 7, 9, 1], parents [-1, 0, 0, -1, 3]."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    probs: list[float] = []
+    heap: list[tuple] = []
+    order = itertools.count()
+
+    def expand(node: int, s: int, rows: list[list[int]], prob: float) -> None:
+        if s >= depth:
+            return
+        for token, count in Counter(r[s] for r in rows if r[s] != END).items():
+            p = prob * count / len(rows)
+            if p >= min_token_prob:
+                heapq.heappush(heap, (-p, token, next(order), node, s, [r for r in rows if r[s] == token]))
+
+    expand(-1, 0, rows, 1.0)
+    while heap and len(tokens) < max_nodes:
+        neg, token, _, parent, s, agreeing = heapq.heappop(heap)
+        tokens.append(token)
+        parents.append(parent)
+        probs.append(-neg)
+        expand(len(tokens) - 1, s + 1, agreeing, -neg)
+    return Candidate(tokens, sum(probs), match_len, parents, probs)
+
+
 class GlobalResponses:
     """Earlier responses of one engine, at most `max_requests` of them (the oldest evicted)."""
 
@@ -209,6 +254,7 @@ LONG_MATCH = 8  # matched tokens from which a draft counts as a long match (its 
 class SuffixProposer:
     relative_cost = 0.0  # index lookups: small next to a forward
     labels_drafts = True  # kinds: request/global x long/short match, each with its acceptance estimate
+    proposes_trees = True  # the occurrences' other continuations are the tree's branches
 
     def __init__(self, max_depth: int = 24, max_cached_requests: int = 10000, max_spec_factor: float = 1.0,
                  min_token_prob: float = 0.1) -> None:
@@ -262,20 +308,28 @@ class SuffixProposer:
         return index
 
     def propose(self, seq: SequenceView, k: int) -> Draft:
+        return self._propose(seq, k, 0)
+
+    def propose_tree(self, seq: SequenceView, max_depth: int, max_nodes: int) -> Draft:
+        return self._propose(seq, max_depth, max_nodes)
+
+    def _propose(self, seq: SequenceView, k: int, max_nodes: int) -> Draft:
+        """A chain of up to k tokens, or (max_nodes > 0) a tree of up to max_nodes nodes k deep."""
         own = self._own(seq)
         tail = seq.tokens[-self.max_depth :]
         args = (tail, k, self.max_depth, self.max_spec_factor, self.min_token_prob)
-        mine = own.best(*args, exclude_from=len(own.tokens))
+        mine = own.best(*args, exclude_from=len(own.tokens), max_nodes=max_nodes)
         # A seeded sampled request drafts from its own text only: which drafts it gets decides how
         # its random stream is consumed, and its tokens must not depend on what else the engine served
         seeded = seq.params.seed is not None and not seq.params.greedy
-        theirs = None if seeded else self.responses.index.best(*args)
+        theirs = None if seeded else self.responses.index.best(*args, max_nodes=max_nodes)
         pick = max((c for c in (mine, theirs) if c is not None), key=lambda c: c.score, default=None)
         source = "none" if pick is None else "request" if pick is mine else "global"
         self.stats[source] += 1
         if pick is None:
             return Draft(tokens=[])
-        return Draft(tokens=pick.tokens, kind=f"{source}:{'long' if pick.match_len >= LONG_MATCH else 'short'}")
+        kind = f"{source}:{'long' if pick.match_len >= LONG_MATCH else 'short'}"
+        return Draft(tokens=pick.tokens, parents=pick.parents, node_probs=pick.probs, kind=kind)
 
     def accept(self, seq: SequenceView, num_accepted: int) -> None:
         pass

@@ -1,0 +1,188 @@
+"""Token trees through the engine (issue 15): suffix decoding's trees are verified in one forward
+and their accepted path kept. Greedy output is identical to plain decoding; sampled output keeps
+the target's distribution (chi-square on the token a tree's root verifies, with siblings drafted
+at it), and a sampler that does not renormalise after a rejected sibling is caught. Also the
+policy's tree sizing and the suffix tree's construction."""
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from verispec import LLM, SamplingParams
+from verispec.engine.policy import AcceptanceEstimate, SpeculationPolicy
+from verispec.engine.speculative import SpeculativeDecoder
+from verispec.errors import InvalidSpeculativeConfigError
+from verispec.proposers.base import Draft, register
+from verispec.proposers.suffix import _grow
+from verispec.sampling import tree as tree_module
+from verispec.sampling.processors import logits_to_probs
+
+from test_lossless_greedy import prompts
+
+
+def test_grow_builds_best_first_trees():
+    c = _grow([[5, 6], [5, 6], [5, 7], [9, 1]], depth=2, max_nodes=10, min_token_prob=0.0, match_len=2)
+    assert c.tokens == [5, 6, 7, 9, 1] and c.parents == [-1, 0, 0, -1, 3]
+    assert c.probs == [0.75, 0.5, 0.25, 0.25, 0.25] and c.score == pytest.approx(2.0)
+    assert _grow([[5, 6], [5, 6], [5, 7], [9, 1]], 2, 2, 0.0, 2).tokens == [5, 6]  # the best 2 nodes
+    assert _grow([[5, 6], [5, 6], [5, 7], [9, 1]], 2, 10, 0.3, 2).tokens == [5, 6]  # the rest below 0.3
+    assert Draft([5, 6, 7, 9, 1], parents=c.parents, node_probs=c.probs).best_path().tokens == [5, 6]
+
+
+def test_tree_size_weighs_nodes_against_the_cost_curve():
+    policy = SpeculationPolicy(4, cost=lambda n: 1 + 0.15 * (n - 1))
+    assert policy.tree_size([0.9, 0.6, 0.3, 0.1], AcceptanceEstimate(), 1) == 2  # the module's example
+    assert policy.tree_size([0.99] * 8, AcceptanceEstimate(), 1) == 8  # sure nodes: all of them
+    steep = SpeculationPolicy(4, cost=lambda n: float(n), probe_every=1000)  # every row costs a forward
+    assert steep.tree_size([0.9, 0.6], AcceptanceEstimate(), 1) == 0
+    doubtful = AcceptanceEstimate()
+    for _ in range(30):  # trees whose nodes were never accepted: calibration falls, trees shrink
+        doubtful.observe_tree([0.9, 0.6, 0.3], 0)
+    assert doubtful.calibration < 0.05
+    assert SpeculationPolicy(4, cost=lambda n: 1 + 0.15 * (n - 1), probe_every=1000).tree_size([0.9, 0.6, 0.3], doubtful, 1) == 0
+    assert SpeculationPolicy(4, adaptive=False).tree_size([0.1] * 5, doubtful, 1) == 5
+    assert SpeculationPolicy(4, disable_by_batch_size=2).tree_size([0.9], AcceptanceEstimate(), 3) == 0
+
+
+@pytest.fixture(scope="module", params=["llama", "gemma3"])
+def family(request, tiny_dir):
+    target = tiny_dir(request.param, seed=0)
+    ps = prompts(12)
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    ref = [o.token_ids for o in LLM(str(target)).generate(ps, params)]
+    return target, ps, params, ref
+
+
+@pytest.mark.parametrize("k, nodes, adaptive", [(4, 8, False), (8, 16, False), (8, 16, True)])
+def test_greedy_trees_identical_to_plain(family, k, nodes, adaptive, monkeypatch):
+    target, ps, params, ref = family
+    llm = LLM(str(target), speculative={"method": "suffix", "num_speculative_tokens": k, "tree_max_nodes": nodes,
+                                        "adaptive_k": adaptive})
+    trees = []
+    real = type(llm.engine.proposer).propose_tree
+    monkeypatch.setattr(type(llm.engine.proposer), "propose_tree", lambda self, *a: trees.append(real(self, *a)) or trees[-1])
+    outs = llm.generate(ps, params)
+    assert [o.token_ids for o in outs] == ref
+    branched = [t for t in trees if t.parents is not None and t.parents != list(range(-1, len(t) - 1))]
+    assert branched, "no tree with a branch was drafted: the test would not exercise trees"
+    assert max(len(t.tokens) for t in trees) <= nodes
+    drafted = sum(o.metrics.num_draft_tokens for o in outs)
+    accepted = sum(o.metrics.num_accepted_tokens for o in outs)
+    assert 0 < accepted < drafted
+    for o in outs:
+        m = o.metrics
+        assert len(o.token_ids) == 1 + (m.num_target_forwards - 1) + m.num_accepted_tokens
+
+
+def test_requests_that_process_logits_keep_chains(family):
+    target, ps, _, _ = family
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, presence_penalty=0.5)
+    ref = [o.token_ids for o in LLM(str(target)).generate(ps[:4], params)]
+    llm = LLM(str(target), speculative={"method": "suffix", "num_speculative_tokens": 4, "tree_max_nodes": 8})
+    assert [o.token_ids for o in llm.generate(ps[:4], params)] == ref
+
+
+def test_trees_need_a_branching_drafter_and_a_backend_that_verifies_them(tiny_dir):
+    with pytest.raises(InvalidSpeculativeConfigError, match="proposes token trees"):
+        LLM(str(tiny_dir("llama", seed=0)), speculative={"method": "prompt_lookup", "tree_max_nodes": 8})
+    llm = LLM(str(tiny_dir("llama", seed=0)), speculative={"method": "suffix"})
+    runner, proposer = llm.runner, llm.engine.proposer
+    runner.supports_trees = False  # as the llama.cpp backend's
+    with pytest.raises(InvalidSpeculativeConfigError, match="does not verify token trees"):
+        SpeculativeDecoder(runner, proposer, 4, tree_nodes=8)
+    with pytest.raises(InvalidSpeculativeConfigError, match="tree_max_nodes must be in 0..32"):
+        LLM(str(tiny_dir("llama", seed=0)), speculative={"method": "suffix", "tree_max_nodes": 33})
+
+
+# -- sampling ------------------------------------------------------------------------------------
+PROMPT = [1, 20, 21, 22, 20, 21]
+TEMP = 0.5
+SIBLINGS: list[int] = []  # the root's children: the target's likeliest tokens (set by the fixture)
+
+
+@register("test_fixed_tree")
+class FixedTree:
+    """A test drafter: at every step a tree whose root children are SIBLINGS (each with two
+    children of its own), one-hot, so the token after the pending one is verified against several
+    candidates at once."""
+
+    relative_cost = 0.0
+    proposes_trees = True
+
+    @classmethod
+    def create(cls, config, target):
+        return cls()
+
+    def begin(self, seq):
+        pass
+
+    def propose(self, seq, k):
+        return Draft(tokens=[])
+
+    def propose_tree(self, seq, max_depth, max_nodes):
+        tokens, parents = list(SIBLINGS), [-1] * len(SIBLINGS)
+        if max_depth > 1:
+            for i, t in enumerate(SIBLINGS):
+                tokens += [SIBLINGS[(i + 1) % len(SIBLINGS)], SIBLINGS[(i + 2) % len(SIBLINGS)]]
+                parents += [i, i]
+        tokens, parents = tokens[:max_nodes], parents[:max_nodes]
+        return Draft(tokens, parents=parents, node_probs=[1.0] * len(tokens))
+
+    def accept(self, seq, n):
+        pass
+
+    def end(self, seq):
+        pass
+
+
+def exact_second_token_distribution(runner):
+    """P(t2) = sum over t1 of P(t1 | prompt) P(t2 | prompt, t1): the target's own, exactly."""
+    seq = runner.open(len(PROMPT) + 2)
+    p1 = logits_to_probs(runner.forward(seq, PROMPT, 1).logits, TEMP)[0].double()
+    p2 = torch.zeros_like(p1)
+    for t1 in range(p1.shape[0]):
+        runner.truncate(seq, len(PROMPT))
+        p2 += p1[t1] * logits_to_probs(runner.forward(seq, [t1], 1).logits, TEMP)[0].double()
+    runner.close(seq)
+    return p2.numpy()
+
+
+@pytest.fixture(scope="module")
+def tree_llm(tiny_dir):
+    llm = LLM(str(tiny_dir("llama", seed=0)), speculative={"method": "test_fixed_tree", "num_speculative_tokens": 2,
+                                                          "tree_max_nodes": 9, "adaptive_k": False})
+    p2 = exact_second_token_distribution(llm.runner)
+    SIBLINGS[:] = np.argsort(-p2)[:3].tolist()  # three likely tokens: acceptance and rejection both happen
+    return llm, p2
+
+
+def second_token_pvalue(llm, exact, n):
+    counts = np.zeros_like(exact)
+    accepted = drafted = 0
+    for s in range(n):
+        out = llm.generate([PROMPT], SamplingParams(temperature=TEMP, seed=s, max_tokens=3, ignore_eos=True))[0]
+        counts[out.token_ids[1]] += 1
+        accepted += out.metrics.num_accepted_tokens
+        drafted += out.metrics.num_draft_tokens
+    assert 0 < accepted < drafted
+    big = exact * n >= 10
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(exact[big] * n, exact[~big].sum() * n)
+    return chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
+
+
+def test_sampled_trees_keep_the_target_distribution(tree_llm):
+    llm, exact = tree_llm
+    assert second_token_pvalue(llm, exact, 3000) > 1e-6
+
+
+def test_a_sampler_that_does_not_renormalise_siblings_is_caught(tree_llm, monkeypatch):
+    """Negative control: after a rejected sibling, try the next against the same p (its token's
+    mass not removed): the rejected token's probability leaks to the later siblings."""
+    llm, exact = tree_llm
+    monkeypatch.setattr(tree_module, "_residual", lambda p, q: p)
+    import verispec.engine.speculative as spec_module
+
+    monkeypatch.setattr(spec_module, "tree_rejection_sample", tree_module.tree_rejection_sample)
+    assert second_token_pvalue(llm, exact, 3000) < 1e-6

@@ -174,7 +174,8 @@ class SamplingParams:
 class SpeculativeConfig:
     """Which drafter proposes tokens and how many per step."""
 
-    method: str | None = opt(None, "drafter: prompt_lookup, suffix, draft_model, eagle3 (none = plain decoding)")
+    method: str | None = opt(None, "drafter: prompt_lookup, suffix, draft_model, eagle3, hybrid (suffix where "
+                                   "confident, else hybrid_drafter) (none = plain decoding)")
     num_speculative_tokens: int = opt(4, "draft tokens proposed per step (k)")
     draft_model: str | None = opt(None, "draft model (name or path) for method draft_model; for eagle3 an "
                                         "EAGLE head folder (default: the head shipped for a bundled model)")
@@ -190,6 +191,12 @@ class SpeculativeConfig:
     suffix_decoding_min_token_prob: float = opt(
         0.1, "suffix: stop a draft where its estimated probability (the share of earlier occurrences that "
         "continued this way, multiplied along the draft) falls below this")
+    hybrid_drafter: str = opt(
+        "eagle3", "hybrid: the model drafter used where suffix decoding is not confident: eagle3 (the head in "
+        "draft_model, or the bundled one) or draft_model")
+    hybrid_min_score: float = opt(
+        1.0, "hybrid: suffix decoding's draft is verified when its expected accepted tokens (the sum of its path "
+        "probabilities) reach this; otherwise the model drafter drafts")
     suffix_decoding_corpus: str | None = opt(
         None, "suffix: a file whose documents seed the earlier responses (.jsonl of strings or {\"text\": ...}; "
         "else plain text, documents between blank lines)")
@@ -242,6 +249,11 @@ class SpeculativeConfig:
             raise InvalidSpeculativeConfigError(f"disable_by_batch_size must be a positive integer, got {d!r}")
         if not isinstance(self.adaptive_k, bool):
             raise InvalidSpeculativeConfigError(f"adaptive_k must be true or false, got {self.adaptive_k!r}")
+        score = self.hybrid_min_score
+        if isinstance(score, bool) or not isinstance(score, (int, float)) or not 0 <= score <= 64:
+            raise InvalidSpeculativeConfigError(f"hybrid_min_score must be in [0, 64], got {score!r}")
+        if self.method == "hybrid" and self.hybrid_drafter == "draft_model" and not self.draft_model:
+            raise InvalidSpeculativeConfigError("method hybrid with hybrid_drafter draft_model needs draft_model=<name or path>")
         if self.method == "draft_model" and not self.draft_model:
             raise InvalidSpeculativeConfigError("method draft_model needs draft_model=<name or path>")
 

@@ -136,14 +136,15 @@ class SpeculationPolicy:
             start += size
         return total
 
-    def rates(self, a: float, early_exit: bool = False) -> list[float]:
-        """Expected tokens per unit of cost for k = 0..max_k drafts at acceptance a."""
-        per_draft = self.draft_cost + DRAFT_OVERHEAD
+    def rates(self, a: float, early_exit: bool = False, draft_cost: float | None = None) -> list[float]:
+        """Expected tokens per unit of cost for k = 0..max_k drafts at acceptance a (`draft_cost`:
+        a draft token's cost where it is not the drafter's usual, as a hybrid's model drafts)."""
+        per_draft = (self.draft_cost if draft_cost is None else draft_cost) + DRAFT_OVERHEAD
         return [expected_tokens(a, k) / (self.step_cost(k + 1, a, early_exit) + k * per_draft) for k in range(self.max_k + 1)]
 
-    def best_k(self, a: float, early_exit: bool = False) -> int:
+    def best_k(self, a: float, early_exit: bool = False, draft_cost: float | None = None) -> int:
         """The k in 0..max_k with the most expected tokens per unit of cost."""
-        rates = self.rates(a, early_exit)
+        rates = self.rates(a, early_exit, draft_cost)
         return max(range(len(rates)), key=rates.__getitem__)
 
     def gain(self, a: float, early_exit: bool = False) -> float:
@@ -153,14 +154,15 @@ class SpeculationPolicy:
         rates = self.rates(a, early_exit)
         return max(rates) / rates[0]
 
-    def choose(self, estimate: AcceptanceEstimate, batch_size: int, early_exit: bool = False) -> int:
+    def choose(self, estimate: AcceptanceEstimate, batch_size: int, early_exit: bool = False,
+               draft_cost: float | None = None) -> int:
         if self.max_k == 0:
             return 0
         if self.disable_by_batch_size is not None and batch_size > self.disable_by_batch_size:
             return 0
         if not self.adaptive:
             return self.max_k
-        return self._paying(self.best_k(estimate.rate, early_exit), estimate, early_exit)
+        return self._paying(self.best_k(estimate.rate, early_exit, draft_cost), estimate, early_exit)
 
     def tree_size(self, node_probs: list[float], estimate: AcceptanceEstimate, batch_size: int) -> int:
         """How many of a tree draft's nodes (best first: any first n are a tree) to verify."""

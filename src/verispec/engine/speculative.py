@@ -340,11 +340,20 @@ class SpeculativeDecoder:
         early_exit = req.params.greedy  # see _verify; the policy weighs the chunks it may skip
         if getattr(self.proposer, "labels_drafts", False):  # draft first, then the k its kind pays for
             most = min(self.policy.choose(AcceptanceEstimate(1.0, 0.0), batch_size, early_exit), room)
+            chosen: dict[str, int] = {}
+
+            def k_for(kind: str) -> int:  # once per kind and step: choose() counts steps for probing
+                if kind not in chosen:
+                    estimate = req.estimates.setdefault(kind, AcceptanceEstimate())
+                    cost = self.proposer.kind_cost(kind) if hasattr(self.proposer, "kind_cost") else None
+                    chosen[kind] = min(self.policy.choose(estimate, batch_size, early_exit, cost), most)
+                return chosen[kind]
+
+            req.view.k_for = k_for
             draft = self.proposer.propose(req.view, most) if most > 0 else Draft(tokens=[])
             if not len(draft):
                 return Draft(tokens=[])
-            estimate = req.estimates.setdefault(draft.kind or "", AcceptanceEstimate())
-            k = min(self.policy.choose(estimate, batch_size, early_exit), len(draft))
+            k = min(k_for(draft.kind or ""), len(draft))
             return self._allowed(req, Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k], kind=draft.kind or ""))
         k = min(self.policy.choose(req.estimate, batch_size, early_exit), room)
         if k <= 0:

@@ -91,12 +91,16 @@ class SequenceView:
     # is at position `states_start` + (states consumed so far). A prefix-cached prompt part has none.
     states: list[torch.Tensor] = field(default_factory=list)
     states_start: int = 0
+    # For drafters that label their drafts: the k the policy pays for a draft of a kind at this
+    # step (asked once per kind and step), so a drafter whose tokens cost can draft no more.
+    k_for: Callable[[str], int] | None = None
 
 
 class Proposer(Protocol):
     name: ClassVar[str]
     relative_cost: float  # cost of drafting one token, in one-token target forwards (for the k policy)
     labels_drafts: ClassVar[bool]  # its drafts carry a `kind` (optional: False where absent)
+    # optional `kind_cost(kind) -> float`: a labelling drafter whose kinds cost differently (hybrid)
     proposes_trees: ClassVar[bool]  # it has propose_tree (optional: False where absent)
 
     def begin(self, seq: SequenceView) -> None:

@@ -58,6 +58,7 @@ class Candidate:
     match_len: int
     parents: list[int] | None = None  # a tree (`_grow`): each node's parent, -1 = the root
     probs: list[float] | None = None  # a tree: each node's path probability
+    source: str = ""  # request (the request's own text) or global (earlier responses)
 
 
 class TokenIndex:
@@ -315,6 +316,15 @@ class SuffixProposer:
 
     def _propose(self, seq: SequenceView, k: int, max_nodes: int) -> Draft:
         """A chain of up to k tokens, or (max_nodes > 0) a tree of up to max_nodes nodes k deep."""
+        pick = self.candidate(seq, k, max_nodes)
+        if pick is None:
+            self.stats["none"] += 1
+            return Draft(tokens=[])
+        return self.draft_of(pick)
+
+    def candidate(self, seq: SequenceView, k: int, max_nodes: int = 0) -> Candidate | None:
+        """The best draft of the two sources, with its score (expected accepted tokens) and
+        `source` ("request" or "global"), or None."""
         own = self._own(seq)
         tail = seq.tokens[-self.max_depth :]
         args = (tail, k, self.max_depth, self.max_spec_factor, self.min_token_prob)
@@ -324,11 +334,14 @@ class SuffixProposer:
         seeded = seq.params.seed is not None and not seq.params.greedy
         theirs = None if seeded else self.responses.index.best(*args, max_nodes=max_nodes)
         pick = max((c for c in (mine, theirs) if c is not None), key=lambda c: c.score, default=None)
-        source = "none" if pick is None else "request" if pick is mine else "global"
-        self.stats[source] += 1
-        if pick is None:
-            return Draft(tokens=[])
-        kind = f"{source}:{'long' if pick.match_len >= LONG_MATCH else 'short'}"
+        if pick is not None:
+            pick.source = "request" if pick is mine else "global"
+        return pick
+
+    def draft_of(self, pick: Candidate) -> Draft:
+        """A candidate as a Draft, labelled by source and match length (and counted)."""
+        self.stats[pick.source] += 1
+        kind = f"{pick.source}:{'long' if pick.match_len >= LONG_MATCH else 'short'}"
         return Draft(tokens=pick.tokens, parents=pick.parents, node_probs=pick.probs, kind=kind)
 
     def accept(self, seq: SequenceView, num_accepted: int) -> None:

@@ -1,0 +1,91 @@
+"""Hybrid drafting: suffix decoding where it is confident, a model drafter elsewhere (Arctic
+Inference's suffix + EAGLE combination).
+
+At each step suffix decoding offers its best draft with its score (the expected number of
+accepted tokens: the sum of its path probabilities, proposers/suffix.py). If the score reaches
+`hybrid_min_score`, that draft is verified; otherwise the model drafter (`hybrid_drafter`: an
+EAGLE-3 head or a draft model) drafts. Repetitive spans (code edits, templated answers, text
+copied from the prompt) then cost nothing to draft, and open text still gets a model's drafts.
+
+Both drafters see every request from begin to end. The model drafter catches up by itself on
+the steps it sat out: a draft model feeds the tokens its cache lacks at its next propose, an
+EAGLE head the target states the decoder kept meanwhile (`SequenceView.states`). `accept` goes
+to the drafter whose draft was verified. Drafts are labelled by source ("suffix:..." or
+"model"), so the k policy keeps an acceptance estimate for each.
+
+Either drafter's verification is lossless, so the choice (made from the request's own past
+only) never changes the output's distribution; greedy output is plain decoding's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from verispec.errors import InvalidSpeculativeConfigError
+from verispec.proposers.base import PROPOSERS, Draft, SequenceView, register
+from verispec.proposers.suffix import SuffixProposer
+
+MODEL_DRAFTERS = ("eagle3", "draft_model")
+
+
+@register("hybrid")
+class HybridProposer:
+    labels_drafts = True  # kinds: suffix's own, and "model"
+
+    def __init__(self, suffix: SuffixProposer, model, min_score: float) -> None:
+        self.suffix = suffix
+        self.model = model
+        self.min_score = min_score
+        self.relative_cost = 0.0  # suffix's drafts are free; a model draft's cost is kind_cost("model")
+        states = getattr(model, "target_states", None)
+        if states is not None:  # an EAGLE head: the decoder hands it the target's states
+            self.target_states = states
+        self.runner = getattr(model, "runner", None)  # a draft model's runner, for cache statistics
+        self._last: dict[int, object] = {}  # request id -> the drafter of its last draft
+        self.stats = suffix.stats  # drafts by source: request, global, none (suffix's), model
+
+    @classmethod
+    def create(cls, config, target) -> "HybridProposer":
+        if config.hybrid_drafter not in MODEL_DRAFTERS:
+            raise InvalidSpeculativeConfigError(
+                f"hybrid_drafter must be one of {', '.join(MODEL_DRAFTERS)}, got {config.hybrid_drafter!r}")
+        suffix = PROPOSERS["suffix"](config, target)
+        model = PROPOSERS[config.hybrid_drafter](dataclasses.replace(config, method=config.hybrid_drafter), target)
+        return cls(suffix, model, config.hybrid_min_score)
+
+    def kind_cost(self, kind: str) -> float:
+        """A draft token's cost in one-token target forwards, by kind: the model drafter's, or
+        nothing (suffix decoding's index lookups)."""
+        return self.model.relative_cost if kind == "model" else 0.0
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.suffix.memory_bytes
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.suffix.cached_tokens
+
+    def begin(self, seq: SequenceView) -> None:
+        self.suffix.begin(seq)
+        self.model.begin(seq)
+
+    def propose(self, seq: SequenceView, k: int) -> Draft:
+        pick = self.suffix.candidate(seq, k)
+        if pick is not None and pick.score >= self.min_score:
+            self._last[seq.request_id] = self.suffix
+            return self.suffix.draft_of(pick)
+        self._last[seq.request_id] = self.model
+        k = seq.k_for("model") if seq.k_for is not None else k  # model tokens cost: only what pays
+        if k <= 0:
+            return Draft(tokens=[], kind="model")
+        self.stats["model"] += 1
+        return dataclasses.replace(self.model.propose(seq, k), kind="model")
+
+    def accept(self, seq: SequenceView, num_accepted: int) -> None:
+        self._last.get(seq.request_id, self.suffix).accept(seq, num_accepted)
+
+    def end(self, seq: SequenceView) -> None:
+        self._last.pop(seq.request_id, None)
+        self.suffix.end(seq)
+        self.model.end(seq)

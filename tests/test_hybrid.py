@@ -1,0 +1,69 @@
+"""The hybrid drafter (issue 15): suffix decoding where its draft is confident, a model drafter
+(an EAGLE-3 head or a draft model) elsewhere. Greedy output is plain decoding's, both drafters
+draft, and the model drafter catches up on the steps it sat out."""
+
+import pytest
+
+from tiny_models import write_eagle3_head
+
+from verispec import LLM, SamplingParams
+from verispec.errors import InvalidSpeculativeConfigError
+
+from test_lossless_greedy import prompts
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_dir):
+    target = tiny_dir("llama", seed=0)
+    ps = prompts(12)
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    return target, ps, params, [o.token_ids for o in LLM(str(target)).generate(ps, params)]
+
+
+@pytest.mark.parametrize("drafter", ["draft_model", "eagle3"])
+def test_greedy_hybrid_identical_to_plain(reference, drafter, tiny_dir, tmp_path):
+    target, ps, params, ref = reference
+    model = (str(tiny_dir("llama", seed=7)) if drafter == "draft_model"
+             else str(write_eagle3_head(tmp_path / "head", seed=3, draft_vocab=48, aux_layers=[0, 1, 1], scale=0.4)))
+    llm = LLM(str(target), speculative={"method": "hybrid", "hybrid_drafter": drafter, "draft_model": model,
+                                        "num_speculative_tokens": 4, "hybrid_min_score": 1.0, "adaptive_k": False})
+    outs = llm.generate(ps, params)
+    assert [o.token_ids for o in outs] == ref
+    stats = llm.engine.proposer.stats
+    assert stats["model"] > 0 and stats["request"] + stats["global"] > 0, dict(stats)  # both drafted
+    assert sum(o.metrics.num_accepted_tokens for o in outs) > 0
+
+
+def test_model_drafts_that_cannot_pay_are_left_out(reference, tiny_dir, monkeypatch):
+    """A draft model as large as the target costs a forward a token: the policy gives the
+    model's kind no k but its one-token probes, while suffix's free drafts go on."""
+    target, ps, params, ref = reference
+    llm = LLM(str(target), speculative={"method": "hybrid", "hybrid_drafter": "draft_model", "num_speculative_tokens": 4,
+                                        "draft_model": str(tiny_dir("llama", seed=7))})
+    hybrid = llm.engine.proposer
+    assert hybrid.kind_cost("model") == pytest.approx(1.0) and hybrid.kind_cost("request:long") == 0
+    asked = []
+    real = hybrid.model.propose
+    monkeypatch.setattr(hybrid.model, "propose", lambda seq, k: asked.append(k) or real(seq, k))
+    assert [o.token_ids for o in llm.generate(ps, params)] == ref
+    assert asked and set(asked) == {1}  # probes only
+    assert hybrid.stats["request"] + hybrid.stats["global"] > len(asked), dict(hybrid.stats)
+
+
+def test_a_threshold_no_draft_reaches_leaves_it_to_the_model(reference, tiny_dir):
+    target, ps, params, ref = reference
+    llm = LLM(str(target), speculative={"method": "hybrid", "hybrid_drafter": "draft_model", "adaptive_k": False,
+                                        "draft_model": str(tiny_dir("llama", seed=7)), "hybrid_min_score": 64})
+    assert [o.token_ids for o in llm.generate(ps[:4], params)] == ref[:4]
+    stats = llm.engine.proposer.stats
+    assert stats["model"] > 0 and stats["request"] + stats["global"] == 0
+
+
+def test_hybrid_options_are_checked(tiny_dir):
+    target = str(tiny_dir("llama", seed=0))
+    with pytest.raises(InvalidSpeculativeConfigError, match="hybrid_drafter must be one of"):
+        LLM(target, speculative={"method": "hybrid", "hybrid_drafter": "prompt_lookup"})
+    with pytest.raises(InvalidSpeculativeConfigError, match="needs draft_model"):
+        LLM(target, speculative={"method": "hybrid", "hybrid_drafter": "draft_model"})
+    with pytest.raises(InvalidSpeculativeConfigError, match="hybrid_min_score"):
+        LLM(target, speculative={"method": "hybrid", "hybrid_min_score": -1})

@@ -84,6 +84,20 @@ def test_the_check_fails_when_siblings_see_each_other(tiny_dir):
     assert not torch.equal(chain[2], path_logits(runner, prompt, tokens, tree_paths(PARENTS)[2]))
 
 
+def test_keep_after_the_cache_grew_in_a_forward(tiny_dir):
+    """The cache's buffers double inside a forward (inference mode) past KVCache.INITIAL
+    positions; keeping a path in them afterwards still works, and decodes as the path alone."""
+    runner = LLM(str(tiny_dir("llama", seed=1))).runner
+    prompt = [3 + i % 90 for i in range(KVCache.INITIAL + 20)]
+    tokens = [7, 8, 9, 10, 11, 12, 13, 14, 15]
+    seq = runner.open(len(prompt) + len(tokens) + 1)
+    runner.forward(seq, prompt)
+    runner.forward(seq, tokens, num_logits=len(tokens), parents=PARENTS)
+    runner.keep(seq, len(prompt), [0, 2, 5])
+    after = runner.forward(seq, [tokens[7]]).logits[0]
+    assert torch.equal(after, path_logits(runner, prompt, tokens, [0, 2, 5, 7]))
+
+
 def test_keep_moves_a_path_together():
     cache = KVCache(num_layers=1, num_kv_heads=1, head_dim=1, capacity=16)
     cache.keys[0, 0, :8, 0] = torch.arange(8.0)

@@ -27,7 +27,10 @@ def test_grow_builds_best_first_trees():
     assert c.probs == [0.75, 0.5, 0.25, 0.25, 0.25] and c.score == pytest.approx(2.0)
     assert _grow([[5, 6], [5, 6], [5, 7], [9, 1]], 2, 2, 0.0, 2).tokens == [5, 6]  # the best 2 nodes
     assert _grow([[5, 6], [5, 6], [5, 7], [9, 1]], 2, 10, 0.3, 2).tokens == [5, 6]  # the rest below 0.3
-    assert Draft([5, 6, 7, 9, 1], parents=c.parents, node_probs=c.probs).best_path().tokens == [5, 6]
+    tree = Draft([5, 6, 7, 9, 1], parents=c.parents, node_probs=c.probs)
+    assert tree.first(3).parents == [-1, 0, 0] and tree.first(3).node_probs == [0.75, 0.5, 0.25]
+    with pytest.raises(ValueError, match="earlier node"):
+        Draft([5, 6], parents=[-1, 1])
 
 
 def test_tree_size_weighs_nodes_against_the_cost_curve():

@@ -96,8 +96,9 @@ class KVCache:
             raise ValueError(f"cannot keep a path from {start} in a cache of length {self._length}")
         if list(indices) != list(range(n)):  # a chain's prefix needs no move
             src = torch.tensor(indices, dtype=torch.int64, device=self.keys.device) + start
-            self.keys[:, :, start : start + n] = self.keys[:, :, src]
-            self.values[:, :, start : start + n] = self.values[:, :, src]
+            with torch.inference_mode():  # buffers grown inside a forward are inference tensors
+                self.keys[:, :, start : start + n] = self.keys[:, :, src]
+                self.values[:, :, start : start + n] = self.values[:, :, src]
         self._length = start + n
 
     def nbytes(self) -> int:

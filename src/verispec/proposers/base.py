@@ -56,20 +56,6 @@ class Draft:
         cut = lambda xs: None if xs is None else xs[:n]  # noqa: E731
         return Draft(self.tokens[:n], cut(self.probs), parents=cut(self.parents), node_probs=cut(self.node_probs), kind=self.kind)
 
-    def best_path(self) -> "Draft":
-        """A tree's most likely path (from the root, the child with the highest node probability
-        each time) as a chain; a chain as it is."""
-        if self.parents is None:
-            return self
-        path, at = [], -1
-        while True:
-            kids = [i for i, p in enumerate(self.parents) if p == at]
-            if not kids:
-                break
-            at = max(kids, key=lambda i: (self.node_probs or [0.0] * len(self.tokens))[i])
-            path.append(at)
-        return Draft([self.tokens[i] for i in path], None if self.probs is None else self.probs[path], kind=self.kind)
-
     def __len__(self) -> int:
         return len(self.tokens)
 

@@ -18,6 +18,7 @@ import torch
 
 from verispec.engine.costs import CostCurve, torch_cost
 from verispec.models.config import ModelConfig
+from verispec.models import rowwise
 from verispec.models.kv_cache import KVCache
 from verispec.models.quant import weight_bytes
 from verispec.models.transformer import PROMPT_ROWS, ForwardOutput, Segment, Transformer, invariant_chunks
@@ -148,7 +149,9 @@ class TorchRunner:
 
     def cost_identity(self) -> str:
         """What this runner's forward cost depends on, beside the machine (engine/costs.py)."""
-        kernel = self.model.kernel_variant or "mkl"
+        variant = self.model.kernel_variant
+        # the variant and its build (sources, flags, compiler): a changed kernel is timed afresh
+        kernel = f"{variant}:{rowwise.build_key(variant)[:8]}" if variant else "mkl"
         return (f"torch|{self.source}|{self.dtype}|{self.weights_format}|invariant={self.batch_invariant}|kernel={kernel}"
                 f"|width={self.model.invariant_width}")
 

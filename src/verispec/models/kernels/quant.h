@@ -316,7 +316,29 @@ inline void products_q(const float* __restrict x, const uint8_t* __restrict w, i
     for (int r = 0; r < R; ++r) acc[b][r] = zero();
   for (int64_t k = 0; k < in / E; ++k) {
     const float* xk = x + k * E;
-    if constexpr (E == 32) {  // small blocks: the outputs' loop unrolled, every accumulator in a register
+    if constexpr (E == 32 && kRegisters >= 32 && (R == 2 || R >= 5)) {
+      // small blocks, AVX-512, 2 or 5-8 rows: the OB blocks unpacked first, then each row's x
+      // loaded once for all OB outputs (not once per output). The same fused multiply-adds in the
+      // same order per accumulator. Measured on SmolLM2's matrices (2-core EPYC): 8 rows 10-20%
+      // faster, 2 and 6 rows 5-10%; 3-4 rows (4 outputs a block) were not faster, so keep the other path.
+      V wv[OB][2];
+#pragma GCC unroll 8
+      for (int b = 0; b < OB; ++b) {
+        const uint8_t* blk = w + (o0 + b) * rb + k * B;
+        if constexpr (Short) prefetch(reinterpret_cast<const float*>(w + (o0 + OB) * rb + (k * OB + b) * 64));
+        else prefetch(reinterpret_cast<const float*>(blk + OB * rb));
+        Format<T>::each(blk, [&](int j, V v) VS_ALWAYS_INLINE { wv[b][j >> 4] = v; });
+      }
+#pragma GCC unroll 2
+      for (int j = 0; j < 2; ++j) {
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const V xr = load(xk + r * in + 16 * j);
+#pragma GCC unroll 8
+          for (int b = 0; b < OB; ++b) acc[b][r] = fmadd(wv[b][j], xr, acc[b][r]);
+        }
+      }
+    } else if constexpr (E == 32) {  // small blocks: the outputs' loop unrolled, every accumulator in a register
 #pragma GCC unroll 8
       for (int b = 0; b < OB; ++b) {
         V* ab = acc[b];

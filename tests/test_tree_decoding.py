@@ -28,6 +28,8 @@ def test_grow_builds_best_first_trees():
     assert _grow([[5, 6], [5, 6], [5, 7], [9, 1]], 2, 2, 0.0, 2).tokens == [5, 6]  # the best 2 nodes
     assert _grow([[5, 6], [5, 6], [5, 7], [9, 1]], 2, 10, 0.3, 2).tokens == [5, 6]  # the rest below 0.3
     tree = Draft([5, 6, 7, 9, 1], parents=c.parents, node_probs=c.probs)
+    assert tree.main_path() == [True, True, False, False, False]
+    assert Draft([1, 2, 3], parents=[-1, -1, 1]).main_path() == [True, False, False]
     assert tree.first(3).parents == [-1, 0, 0] and tree.first(3).node_probs == [0.75, 0.5, 0.25]
     with pytest.raises(ValueError, match="earlier node"):
         Draft([5, 6], parents=[-1, 1])
@@ -41,8 +43,15 @@ def test_tree_size_weighs_nodes_against_the_cost_curve():
     assert steep.tree_size([0.9, 0.6], AcceptanceEstimate(), 1) == 0
     doubtful = AcceptanceEstimate()
     for _ in range(30):  # trees whose nodes were never accepted: calibration falls, trees shrink
-        doubtful.observe_tree([0.9, 0.6, 0.3], 0)
-    assert doubtful.calibration < 0.05
+        doubtful.observe_tree([0.9, 0.6, 0.3], [True, True, False], [])
+    assert doubtful.calibration < 0.05 and doubtful.branch_calibration < 0.05
+    siblings_fail = AcceptanceEstimate()
+    for _ in range(30):  # the main path always accepted, the branch never: only branches shrink
+        siblings_fail.observe_tree([0.6, 0.4], [True, False], [0])
+    assert siblings_fail.calibration > 1.4 and siblings_fail.branch_calibration < 0.05
+    chain_only = SpeculationPolicy(4, cost=lambda n: 1 + 0.1 * (n - 1))
+    assert chain_only.tree_size([0.6, 0.4], siblings_fail, 1, main=[True, False]) == 1  # the sibling left out
+    assert chain_only.tree_size([0.6, 0.4], AcceptanceEstimate(), 1, main=[True, False]) == 2
     assert SpeculationPolicy(4, cost=lambda n: 1 + 0.15 * (n - 1), probe_every=1000).tree_size([0.9, 0.6, 0.3], doubtful, 1) == 0
     assert SpeculationPolicy(4, adaptive=False).tree_size([0.1] * 5, doubtful, 1) == 5
     assert SpeculationPolicy(4, disable_by_batch_size=2).tree_size([0.9], AcceptanceEstimate(), 3) == 0

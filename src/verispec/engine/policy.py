@@ -36,7 +36,9 @@ the first n nodes are the best tree of n. A tree of n nodes yields 1 + sum of it
 probabilities on average (each node counts when the accepted path passes through it), for
 cost(n + 1) + n draft costs; the policy keeps the n with the most tokens per unit of cost. The
 drafter's probabilities are scaled by the request's calibration (per draft kind): accepted
-tokens over the probabilities' sum, decayed over past trees as the rate above. Example: node
+tokens over the probabilities' sum, decayed over past trees as the rate above, apart for the main
+path (each node's likeliest child from the root) and the branches off it, whose estimates can be
+worse calibrated. Example: node
 probabilities [0.9, 0.6, 0.3, 0.1], calibration 1, the cost above with DRAFT_OVERHEAD per node:
 n = 2 yields 2.5 for 1.4 (1.79 per unit), n = 3 yields 2.8 for 1.6 (1.75): 2 nodes.
 """
@@ -77,8 +79,13 @@ class AcceptanceEstimate:
     steps_without_draft: int = 0
     probe_interval: int = 0  # steps between probes while drafting does not pay (doubles per probe)
 
-    predicted: float = 1.0  # token trees: decayed sum of the verified nodes' probabilities
-    realised: float = 1.0  # and of the tokens accepted from them (prior: calibration 1)
+    # token trees, apart for the main path (each node's likeliest child from the root) and the
+    # branches off it: decayed sums of the verified nodes' probabilities and of the nodes accepted
+    # (prior: calibration 1 for both)
+    predicted: float = 1.0
+    realised: float = 1.0
+    branch_predicted: float = 1.0
+    branch_realised: float = 1.0
 
     @property
     def rate(self) -> float:
@@ -86,16 +93,25 @@ class AcceptanceEstimate:
 
     @property
     def calibration(self) -> float:
-        """Accepted tree tokens per unit of the drafter's estimated probability."""
+        """Accepted main-path tokens per unit of the drafter's estimated probability."""
         return self.realised / self.predicted
+
+    @property
+    def branch_calibration(self) -> float:
+        """The same for nodes off the main path (siblings' estimates can be worse calibrated)."""
+        return self.branch_realised / self.branch_predicted
 
     def observe(self, num_draft: int, num_accepted: int) -> None:
         self.accepted = DECAY * self.accepted + num_accepted
         self.rejected = DECAY * self.rejected + (1.0 if num_accepted < num_draft else 0.0)
 
-    def observe_tree(self, node_probs: list[float], num_accepted: int) -> None:
-        self.predicted = DECAY * self.predicted + sum(node_probs)
-        self.realised = DECAY * self.realised + num_accepted
+    def observe_tree(self, node_probs: list[float], main: list[bool], path: list[int]) -> None:
+        """A verified tree: its nodes' probabilities, which are on the main path, the accepted path."""
+        on_main = sum(main[i] for i in path)
+        self.predicted = DECAY * self.predicted + sum(p for p, m in zip(node_probs, main) if m)
+        self.realised = DECAY * self.realised + on_main
+        self.branch_predicted = DECAY * self.branch_predicted + sum(p for p, m in zip(node_probs, main) if not m)
+        self.branch_realised = DECAY * self.branch_realised + len(path) - on_main
 
 
 class SpeculationPolicy:
@@ -164,16 +180,18 @@ class SpeculationPolicy:
             return self.max_k
         return self._paying(self.best_k(estimate.rate, early_exit, draft_cost), estimate, early_exit)
 
-    def tree_size(self, node_probs: list[float], estimate: AcceptanceEstimate, batch_size: int) -> int:
-        """How many of a tree draft's nodes (best first: any first n are a tree) to verify."""
+    def tree_size(self, node_probs: list[float], estimate: AcceptanceEstimate, batch_size: int,
+                  main: list[bool] | None = None) -> int:
+        """How many of a tree draft's nodes (best first: any first n are a tree) to verify;
+        `main`: which are on its main path (Draft.main_path; None: all)."""
         if not node_probs or (self.disable_by_batch_size is not None and batch_size > self.disable_by_batch_size):
             return 0
         if not self.adaptive:
             return len(node_probs)
-        c, per_node = estimate.calibration, self.draft_cost + DRAFT_OVERHEAD
+        c, cb, per_node = estimate.calibration, estimate.branch_calibration, self.draft_cost + DRAFT_OVERHEAD
         best_n, best, expected = 0, 1.0 / self.cost(1), 1.0
         for n, p in enumerate(node_probs, 1):
-            expected += min(1.0, c * p)
+            expected += min(1.0, (c if main is None or main[n - 1] else cb) * p)
             rate = expected / (self.cost(n + 1) + n * per_node)
             if rate > best:
                 best_n, best = n, rate

@@ -265,7 +265,8 @@ class SpeculativeDecoder:
         if state is not None:
             req.view.states.append(state[rows])  # [kept rows, state_width]
         self.proposer.accept(req.view, len(out.path))
-        req.estimates.setdefault(draft.kind or "", AcceptanceEstimate()).observe_tree(draft.node_probs or [], len(out.path))
+        estimate = req.estimates.setdefault(draft.kind or "", AcceptanceEstimate())
+        estimate.observe_tree(draft.node_probs or [1.0] * len(draft), draft.main_path(), out.path)
         # 5. emit
         emitted = self._emit(req, out.tokens, logits[rows], dist[rows])
         req.metrics.observe_draft(len(draft), min(len(out.path), len(emitted)))
@@ -335,7 +336,7 @@ class SpeculativeDecoder:
             if not len(tree) or tree.parents is None or tree.node_probs is None:
                 return Draft(tokens=[])
             estimate = req.estimates.setdefault(tree.kind or "", AcceptanceEstimate())
-            n = self.policy.tree_size(tree.node_probs, estimate, batch_size)
+            n = self.policy.tree_size(tree.node_probs, estimate, batch_size, tree.main_path())
             return tree.first(min(n, nodes)) if n > 0 else Draft(tokens=[])
         early_exit = req.params.greedy  # see _verify; the policy weighs the chunks it may skip
         if getattr(self.proposer, "labels_drafts", False):  # draft first, then the k its kind pays for

@@ -56,6 +56,20 @@ class Draft:
         cut = lambda xs: None if xs is None else xs[:n]  # noqa: E731
         return Draft(self.tokens[:n], cut(self.probs), parents=cut(self.parents), node_probs=cut(self.node_probs), kind=self.kind)
 
+    def main_path(self) -> list[bool]:
+        """For each node: on the tree's main path (from the root, each node's first child, the
+        likeliest: nodes are best first) or on a branch off it. A chain: all True.
+        Example: parents [-1, 0, 0, -1, 3] -> [True, True, False, False, False]."""
+        if self.parents is None:
+            return [True] * len(self.tokens)
+        main, has_main_child = [], {-1: False}
+        for i, p in enumerate(self.parents):
+            on = (p == -1 or main[p]) and not has_main_child.get(p, False)
+            main.append(on)
+            if on:
+                has_main_child[p] = True
+        return main
+
     def __len__(self) -> int:
         return len(self.tokens)
 

@@ -35,8 +35,9 @@ def test_greedy_hybrid_identical_to_plain(reference, drafter, tiny_dir, tmp_path
 
 
 def test_model_drafts_that_cannot_pay_are_left_out(reference, tiny_dir, monkeypatch):
-    """A draft model as large as the target costs a forward a token: the policy gives the
-    model's kind no k but its one-token probes, while suffix's free drafts go on."""
+    """A draft model as large as the target costs a forward a token: even at a high acceptance
+    it could not pay, so the policy never gives the model's kind a k (not even a probe), while
+    suffix's free drafts go on."""
     target, ps, params, ref = reference
     llm = LLM(str(target), speculative={"method": "hybrid", "hybrid_drafter": "draft_model", "num_speculative_tokens": 4,
                                         "draft_model": str(tiny_dir("llama", seed=7))})
@@ -46,8 +47,8 @@ def test_model_drafts_that_cannot_pay_are_left_out(reference, tiny_dir, monkeypa
     real = hybrid.model.propose
     monkeypatch.setattr(hybrid.model, "propose", lambda seq, k: asked.append(k) or real(seq, k))
     assert [o.token_ids for o in llm.generate(ps, params)] == ref
-    assert asked and set(asked) == {1}  # probes only
-    assert hybrid.stats["request"] + hybrid.stats["global"] > len(asked), dict(hybrid.stats)
+    assert asked == []
+    assert hybrid.stats["request"] + hybrid.stats["global"] > 0, dict(hybrid.stats)
 
 
 def test_a_threshold_no_draft_reaches_leaves_it_to_the_model(reference, tiny_dir):

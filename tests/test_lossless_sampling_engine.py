@@ -68,6 +68,9 @@ def second_token_pvalue(spec_llm, n=2500):
         accepted += out.metrics.num_accepted_tokens
         drafted += out.metrics.num_draft_tokens
     assert 0 < accepted < drafted  # both the accept and the residual paths ran
+    stats = getattr(spec_llm.engine.proposer, "stats", {})
+    if spec_llm.engine.proposer.name == "hybrid":  # both of its drafters drafted
+        assert stats["model"] > 0 and stats["request"] + stats["global"] > 0, dict(stats)
     # bins with expected count >= 10, the rest pooled into "other"
     big = exact * n >= 10
     obs = np.append(counts[big], counts[~big].sum())

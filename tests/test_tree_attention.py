@@ -17,6 +17,8 @@ from verispec.models.transformer import tree_paths
 #   │   └ 4
 #   └ 2 ─ 5 ─ 7 ─ 8
 PARENTS = [-1, 0, 0, 1, 1, 2, 3, 5, 7]
+# 11 deep with a branch at depth 5: past gemma3's window of 8, a deep row's window starts inside the tree
+DEEP = [-1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 5, 11, 12]
 
 
 def path_logits(runner, prompt, tokens, path):
@@ -40,6 +42,7 @@ def test_every_node_gets_its_paths_logits(tiny_dir, family, products):
     runner = LLM(str(tiny_dir(family, seed=1))).runner
     g = torch.Generator().manual_seed(5)
     for ctx in (3, 12):  # gemma3's window is 8: the deep nodes' windows start past the prompt's first keys
+        check_tree(runner, DEEP, torch.randint(3, 96, (ctx,), generator=g).tolist(), g)
         prompt = torch.randint(3, 96, (ctx,), generator=g).tolist()
         tokens = torch.randint(3, 96, (len(PARENTS),), generator=g).tolist()
         seq = runner.open(ctx + len(PARENTS) + 1)
@@ -59,16 +62,32 @@ def test_every_node_gets_its_paths_logits(tiny_dir, family, products):
         runner.close(beside)
 
 
+def check_tree(runner, parents, prompt, g):
+    """Every node of a tree after `prompt` against its path decoded alone, bit for bit."""
+    tokens = torch.randint(3, 96, (len(parents),), generator=g).tolist()
+    seq = runner.open(len(prompt) + len(parents))
+    runner.forward(seq, prompt)
+    out = runner.forward(seq, tokens, num_logits=len(tokens), parents=parents).logits
+    runner.close(seq)
+    for t, path in enumerate(tree_paths(parents)):
+        alone = path_logits(runner, prompt, tokens, path)
+        assert torch.equal(out[t], alone), f"node {t} (depth {len(path) - 1}): max diff {(out[t] - alone).abs().max():.3g}"
+
+
 def test_without_batch_invariance_the_masks_hold(tiny_dir):
     runner = LLM(str(tiny_dir("gemma3", seed=1)), batch_invariant=False).runner
     g = torch.Generator().manual_seed(6)
     prompt = torch.randint(3, 96, (12,), generator=g).tolist()
     tokens = torch.randint(3, 96, (len(PARENTS),), generator=g).tolist()
-    seq = runner.open(30)
-    runner.forward(seq, prompt)
-    out = runner.forward(seq, tokens, num_logits=len(tokens), parents=PARENTS).logits
-    for t, path in enumerate(tree_paths(PARENTS)):
-        torch.testing.assert_close(out[t], path_logits(runner, prompt, tokens, path), atol=1e-4, rtol=1e-4)
+    for parents in (PARENTS, DEEP):
+        seq = runner.open(30)
+        runner.forward(seq, prompt)
+        out = runner.forward(seq, tokens[: len(parents)] + [5] * (len(parents) - len(tokens)), num_logits=len(parents),
+                             parents=parents).logits
+        runner.close(seq)
+        for t, path in enumerate(tree_paths(parents)):
+            path_tokens = tokens + [5] * (len(parents) - len(tokens))
+            torch.testing.assert_close(out[t], path_logits(runner, prompt, path_tokens, path), atol=1e-4, rtol=1e-4)
 
 
 def test_the_check_fails_when_siblings_see_each_other(tiny_dir):

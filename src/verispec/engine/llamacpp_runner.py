@@ -176,8 +176,8 @@ class LlamaCppRunner:
 
     returns_aux = False  # llama.cpp's API gives logits and final embeddings, not inner layers' states
     # A token tree would need one llama.cpp sequence per branch (each cell's sequence set decides
-    # what a row sees) and a copy of the prefix's cells per branch; not built: the decoder verifies
-    # a tree's most likely path as a chain on this backend instead.
+    # what a row sees) and a copy of the prefix's cells per branch; not built: tree_max_nodes is
+    # refused at start-up on this backend (SpeculativeDecoder).
     supports_trees = False
 
     def forward(self, seq: int, tokens: list[int], num_logits: int = 1, return_hidden: bool = False,

@@ -29,15 +29,18 @@ class RequestMetrics:
     total_time: float = 0.0  # seconds, prefill to the last token
     queue_time: float = 0.0  # seconds waiting for a place in the running batch (server)
 
-    def observe_draft(self, num_draft_tokens: int, num_accepted: int) -> None:
+    def observe_draft(self, num_draft_tokens: int, num_accepted: int, depth: int | None = None) -> None:
+        """A verified draft of num_draft_tokens tokens (a token tree: its nodes, `depth` its
+        deepest path) of which num_accepted were kept."""
         if num_draft_tokens == 0:
             return
         self.num_drafts += 1
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted
         self.accepted_lengths.append(num_accepted)
-        if len(self.accepted_per_position) < num_draft_tokens:
-            self.accepted_per_position += [0] * (num_draft_tokens - len(self.accepted_per_position))
+        positions = num_draft_tokens if depth is None else depth
+        if len(self.accepted_per_position) < positions:
+            self.accepted_per_position += [0] * (positions - len(self.accepted_per_position))
         for i in range(num_accepted):
             self.accepted_per_position[i] += 1
 

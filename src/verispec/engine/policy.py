@@ -163,11 +163,11 @@ class SpeculationPolicy:
         rates = self.rates(a, early_exit, draft_cost)
         return max(range(len(rates)), key=rates.__getitem__)
 
-    def gain(self, a: float, early_exit: bool = False) -> float:
+    def gain(self, a: float, early_exit: bool = False, draft_cost: float | None = None) -> float:
         """The best k's tokens per unit of cost over plain decoding's, at acceptance a.
         Example, at a = 0.95 and max_k = 4: 2.9 on the torch backend's SmolLM2 curve (verifying 4
         drafts costs 1.37 forwards), 1.08 on llama.cpp's Q8_0 one (4.09 forwards)."""
-        rates = self.rates(a, early_exit)
+        rates = self.rates(a, early_exit, draft_cost)
         return max(rates) / rates[0]
 
     def choose(self, estimate: AcceptanceEstimate, batch_size: int, early_exit: bool = False,
@@ -178,7 +178,7 @@ class SpeculationPolicy:
             return 0
         if not self.adaptive:
             return self.max_k
-        return self._paying(self.best_k(estimate.rate, early_exit, draft_cost), estimate, early_exit)
+        return self._paying(self.best_k(estimate.rate, early_exit, draft_cost), estimate, early_exit, draft_cost)
 
     def tree_size(self, node_probs: list[float], estimate: AcceptanceEstimate, batch_size: int,
                   main: list[bool] | None = None) -> int:
@@ -197,14 +197,14 @@ class SpeculationPolicy:
                 best_n, best = n, rate
         return self._paying(best_n, estimate, False)
 
-    def _paying(self, k: int, estimate: AcceptanceEstimate, early_exit: bool) -> int:
+    def _paying(self, k: int, estimate: AcceptanceEstimate, early_exit: bool, draft_cost: float | None = None) -> int:
         """k where drafting pays (probing starts afresh should it stop paying); else 0, or a
         probe of probe_k tokens once its interval has passed (see the module)."""
         if k > 0:
             estimate.steps_without_draft = 0
             estimate.probe_interval = self.probe_every
             return k
-        if self.gain(PROBE_RATE, early_exit) < MIN_PROBE_GAIN:  # drafting could gain little here: no probe (~3 us)
+        if self.gain(PROBE_RATE, early_exit, draft_cost) < MIN_PROBE_GAIN:  # drafting could gain little here: no probe (~3 us)
             return 0
         estimate.steps_without_draft += 1
         interval = estimate.probe_interval or self.probe_every

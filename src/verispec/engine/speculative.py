@@ -269,7 +269,7 @@ class SpeculativeDecoder:
         estimate.observe_tree(draft.node_probs or [1.0] * len(draft), draft.main_path(), out.path)
         # 5. emit
         emitted = self._emit(req, out.tokens, logits[rows], dist[rows])
-        req.metrics.observe_draft(len(draft), min(len(out.path), len(emitted)))
+        req.metrics.observe_draft(len(draft), min(len(out.path), len(emitted)), draft.depth)
         return emitted
 
     def _keep_states(self, req: Request, out) -> None:
@@ -337,7 +337,7 @@ class SpeculativeDecoder:
                 return Draft(tokens=[])
             estimate = req.estimates.setdefault(tree.kind or "", AcceptanceEstimate())
             n = self.policy.tree_size(tree.node_probs, estimate, batch_size, tree.main_path())
-            return tree.first(min(n, nodes)) if n > 0 else Draft(tokens=[])
+            return tree.first(n) if n > 0 else Draft(tokens=[])
         early_exit = req.params.greedy  # see _verify; the policy weighs the chunks it may skip
         if getattr(self.proposer, "labels_drafts", False):  # draft first, then the k its kind pays for
             most = min(self.policy.choose(AcceptanceEstimate(1.0, 0.0), batch_size, early_exit), room)

@@ -56,6 +56,16 @@ class Draft:
         cut = lambda xs: None if xs is None else xs[:n]  # noqa: E731
         return Draft(self.tokens[:n], cut(self.probs), parents=cut(self.parents), node_probs=cut(self.node_probs), kind=self.kind)
 
+    @property
+    def depth(self) -> int:
+        """Tokens on the draft's longest path: a chain's length, a tree's depth."""
+        if self.parents is None:
+            return len(self.tokens)
+        depths: list[int] = []
+        for p in self.parents:
+            depths.append(1 + (depths[p] if p >= 0 else 0))
+        return max(depths, default=0)
+
     def main_path(self) -> list[bool]:
         """For each node: on the tree's main path (from the root, each node's first child, the
         likeliest: nodes are best first) or on a branch off it. A chain: all True.
@@ -111,7 +121,8 @@ class Proposer(Protocol):
 
     def propose_tree(self, seq: SequenceView, max_depth: int, max_nodes: int) -> Draft:
         """(Drafters with `proposes_trees`.) A tree of up to max_nodes tokens, none deeper than
-        max_depth, with `parents` and `node_probs` (see Draft); a chain or nothing is allowed."""
+        max_depth, with `parents` and `node_probs` both set (see Draft; a chain is a tree whose
+        parents are -1, 0, 1, ...), or an empty Draft. A draft lacking either is not verified."""
 
     def accept(self, seq: SequenceView, num_accepted: int) -> None:
         """The target kept the first `num_accepted` tokens of the last draft (of a tree: the

@@ -71,16 +71,26 @@ class HybridProposer:
         self.model.begin(seq)
 
     def propose(self, seq: SequenceView, k: int) -> Draft:
+        """Suffix's draft if confident (and its kind pays), else the model's (if its kind pays),
+        else suffix's all the same (free) if its kind pays; else nothing."""
+        k_for = seq.k_for or (lambda kind: k)
         pick = self.suffix.candidate(seq, k)
-        if pick is not None and pick.score >= self.min_score:
-            self._last[seq.request_id] = self.suffix
-            return self.suffix.draft_of(pick)
-        self._last[seq.request_id] = self.model
-        k = seq.k_for("model") if seq.k_for is not None else k  # model tokens cost: only what pays
-        if k <= 0:
-            return Draft(tokens=[], kind="model")
-        self.stats["model"] += 1
-        return dataclasses.replace(self.model.propose(seq, k), kind="model")
+        pays = pick is not None and k_for(self.suffix.kind_of(pick)) > 0
+        if pays and pick.score >= self.min_score:
+            return self._suffix(seq, pick)
+        k_model = k_for("model")  # model tokens cost: only as many as pay
+        if k_model > 0:
+            self._last[seq.request_id] = self.model
+            self.stats["model"] += 1
+            return dataclasses.replace(self.model.propose(seq, k_model), kind="model")
+        if pays:
+            return self._suffix(seq, pick)
+        self.stats["none"] += 1
+        return Draft(tokens=[])
+
+    def _suffix(self, seq: SequenceView, pick) -> Draft:
+        self._last[seq.request_id] = self.suffix
+        return self.suffix.draft_of(pick)
 
     def accept(self, seq: SequenceView, num_accepted: int) -> None:
         self._last.get(seq.request_id, self.suffix).accept(seq, num_accepted)

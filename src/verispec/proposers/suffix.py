@@ -341,8 +341,12 @@ class SuffixProposer:
     def draft_of(self, pick: Candidate) -> Draft:
         """A candidate as a Draft, labelled by source and match length (and counted)."""
         self.stats[pick.source] += 1
-        kind = f"{pick.source}:{'long' if pick.match_len >= LONG_MATCH else 'short'}"
-        return Draft(tokens=pick.tokens, parents=pick.parents, node_probs=pick.probs, kind=kind)
+        return Draft(tokens=pick.tokens, parents=pick.parents, node_probs=pick.probs, kind=self.kind_of(pick))
+
+    @staticmethod
+    def kind_of(pick: Candidate) -> str:
+        """A candidate's draft kind: its source and whether its match is long."""
+        return f"{pick.source}:{'long' if pick.match_len >= LONG_MATCH else 'short'}"
 
     def accept(self, seq: SequenceView, num_accepted: int) -> None:
         pass

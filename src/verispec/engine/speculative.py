@@ -266,7 +266,7 @@ class SpeculativeDecoder:
             req.view.states.append(state[rows])  # [kept rows, state_width]
         self.proposer.accept(req.view, len(out.path))
         estimate = req.estimates.setdefault(draft.kind or "", AcceptanceEstimate())
-        estimate.observe_tree(draft.node_probs or [1.0] * len(draft), draft.main_path(), out.path)
+        estimate.observe_tree(draft.node_probs, draft.main_path(), out.path)
         # 5. emit
         emitted = self._emit(req, out.tokens, logits[rows], dist[rows])
         req.metrics.observe_draft(len(draft), min(len(out.path), len(emitted)), draft.depth)

@@ -481,23 +481,25 @@ class Transformer:
 
         The mask holds 0 where a query may attend and -inf elsewhere, in the model's dtype."""
         out: dict[bool, tuple[int, torch.Tensor | None]] = {}
-        q_pos = torch.arange(start, end)[:, None]  # [T, 1]
         window = self.config.sliding_window
+        if paths is None:
+            q_pos = torch.arange(start, end)[:, None]  # [T, 1]
+        else:
+            depth = torch.tensor([len(p) - 1 for p in paths])
+            q_pos = start + depth[:, None]  # [T, 1]
+            seen = torch.zeros(T, T, dtype=torch.bool)  # [query row, key row]: on the query's path
+            for t, path in enumerate(paths):
+                seen[t, path] = True
         for sliding in (False, True):
             first = max(0, end - T - window + 1) if (sliding and window) else 0
             if T == 1:
                 out[sliding] = (first, None)
                 continue
-            k_pos = torch.arange(first, end)[None, :]  # [1, S]
             if paths is None:
+                k_pos = torch.arange(first, end)[None, :]  # [1, S]
                 blocked = k_pos > q_pos
             else:
-                depth = torch.tensor([len(p) - 1 for p in paths])
-                q_pos = start + depth[:, None]  # [T, 1]
                 k_pos = torch.cat([torch.arange(first, start), start + depth])[None, :]  # [1, S]: each slot's position
-                seen = torch.zeros(T, T, dtype=torch.bool)  # [query row, key row]: on the query's path
-                for t, path in enumerate(paths):
-                    seen[t, path] = True
                 blocked = torch.cat([torch.zeros(T, start - first, dtype=torch.bool), ~seen], dim=1)
             if sliding and window:
                 blocked |= k_pos <= q_pos - window

@@ -72,12 +72,10 @@ class Draft:
         Example: parents [-1, 0, 0, -1, 3] -> [True, True, False, False, False]."""
         if self.parents is None:
             return [True] * len(self.tokens)
-        main, has_main_child = [], {-1: False}
-        for i, p in enumerate(self.parents):
-            on = (p == -1 or main[p]) and not has_main_child.get(p, False)
-            main.append(on)
-            if on:
-                has_main_child[p] = True
+        main, at = [False] * len(self.tokens), -1  # at: the main path's deepest node so far
+        for i, p in enumerate(self.parents):  # a node's first child comes after it, before any other child
+            if p == at:
+                main[i], at = True, i
         return main
 
     def __len__(self) -> int:

@@ -194,39 +194,49 @@ def _conversations(path: str | None, n: int) -> list[list[dict]]:
 def _overhead(base: str, model: str, method: str, k: int, conversations: list, max_tokens: int,
               backend: str = "torch", weights_format: str | None = None, batch_invariant: bool = True) -> tuple[float, float]:
     """Tokens/s of the library and of the server at concurrency 1, alternating per prompt."""
-    import openai
-
     from verispec import LLM, SamplingParams
 
     spec = {"method": method, "num_speculative_tokens": k} if method != "plain" else None
     llm = LLM(model, speculative=spec, backend=backend, weights_format=weights_format, batch_invariant=batch_invariant)
-    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=600)
+    client = _client(base)
     lib_tokens = lib_time = srv_tokens = srv_time = 0.0
     for messages in conversations:
         t = time.perf_counter()
         out = llm.chat(messages, SamplingParams(temperature=0, max_tokens=max_tokens))[0]
         lib_time += time.perf_counter() - t
         lib_tokens += len(out.token_ids)
-        t = time.perf_counter()
-        r = client.chat.completions.create(model="m", messages=messages, max_tokens=max_tokens, temperature=0)
-        srv_time += time.perf_counter() - t
-        srv_tokens += r.usage.completion_tokens
+        tokens, seconds = _timed_chat(client, messages, max_tokens)
+        srv_tokens, srv_time = srv_tokens + tokens, srv_time + seconds
     return lib_tokens / lib_time, srv_tokens / srv_time
+
+
+def _client(base: str):
+    import openai
+
+    return openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=600)
+
+
+def _timed_chat(client, messages: list, max_tokens: int) -> tuple[int, float]:
+    """One greedy, non-streamed chat request: (completion tokens, seconds)."""
+    t = time.perf_counter()
+    r = client.chat.completions.create(model="m", messages=messages, max_tokens=max_tokens, temperature=0)
+    return r.usage.completion_tokens, time.perf_counter() - t
 
 
 def _pair_overhead(single: str, cluster: str, conversations: list, max_tokens: int) -> tuple[float, float]:
     """Tokens/s of one server process and of the cluster at concurrency 1, alternating per prompt."""
-    import openai
-
-    clients = [openai.OpenAI(base_url=b + "/v1", api_key="unused", max_retries=0, timeout=600) for b in (single, cluster)]
+    clients = [_client(single), _client(cluster)]
     tokens, spent = [0, 0], [0.0, 0.0]
     for messages in conversations:
         for i, client in enumerate(clients):
-            t = time.perf_counter()
-            r = client.chat.completions.create(model="m", messages=messages, max_tokens=max_tokens, temperature=0)
-            spent[i] += time.perf_counter() - t
-            tokens[i] += r.usage.completion_tokens
+            n, seconds = _timed_chat(client, messages, max_tokens)
+            tokens[i] += n
+            spent[i] += seconds
     return tokens[0] / spent[0], tokens[1] / spent[1]
+
+
+def _replicas(n: int) -> str:
+    return f"{n} replica{'s' if n > 1 else ''}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -241,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
                                         args.batch_invariant, replicas=n, num_threads=args.num_threads)
     for method in args.methods.split(","):
         for n in replicas:
-            label = method if n == 0 else f"{method}, {n} replica{'s' if n > 1 else ''} on Ray"
+            label = method if n == 0 else f"{method}, {_replicas(n)} on Ray"
             with serve(method, n) as base:
                 asyncio.run(_level(base, method, 1, conversations[:2], 8, 60))  # warm-up, not reported
                 for c in levels:
@@ -256,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
             for n in (n for n in replicas if n):
                 with serve(method, 0) as single, serve(method, n) as cluster:
                     asyncio.run(_level(cluster, method, 1, conversations[:2], 8, 60))  # warm-up
-                    cluster_overheads[f"{method}, {n} replica{'s' if n > 1 else ''}"] = _pair_overhead(
+                    cluster_overheads[f"{method}, {_replicas(n)}"] = _pair_overhead(
                         single, cluster, conversations[: min(8, len(conversations))], args.max_tokens)
     print(report(args, results, overheads, drafter, cluster_overheads))
     return 0

@@ -281,8 +281,10 @@ class EngineConfig:
     backend: str = opt("torch", "model backend: torch (ours, any model) or llamacpp (GGUF on llama.cpp's kernels)")
     weights_format: str | None = opt(
         None,
-        "torch backend: gguf (a GGUF file's blocks kept as they are, multiplied by the row-wise kernels; the "
-        "default where the kernels run) or float32 (dequantised once at load, cached); llamacpp backend: "
+        "torch backend: gguf (a GGUF file's blocks kept as they are, multiplied by the row-wise kernels in "
+        "exact float32: the dequantised weights' products; the default where the kernels run), gguf-int8 (the "
+        "same blocks, decoding rows multiplied with int8 activations as llama.cpp does: faster, outputs within "
+        "quantisation noise of exact; see docs/design/quant.md) or float32 (dequantised once at load, cached); llamacpp backend: "
         "convert the GGUF's weights to Q8_0, F16 or F32 once (cached)",
     )
     dtype: str = opt("float32", "weight and activation precision: float32 or bfloat16")

@@ -31,6 +31,8 @@ FORMATS: dict[int, tuple[str, int, int]] = {
     30: ("BF16", 32, 64),
 }
 F32 = 0
+INT8 = 256  # added to a part's type in the kernels' Weight: products with int8 activations (kernels/quant8.h)
+INT8_FORMATS = frozenset({2, 3, 6, 7, 8, 12, 13, 14})  # the block formats quant8.h multiplies that way
 
 
 def row_bytes(type_: int, in_features: int) -> int:
@@ -61,10 +63,13 @@ class QuantTensor:
         self.parts = list(parts)
         self.types = [int(t) for t in types]
         self.shape = torch.Size((sum(p.shape[0] for p in parts), in_features))
+        self.int8 = False  # products with int8 activations (weights_format "gguf-int8"), not exact float32
 
     @property
     def arg(self) -> tuple[list[torch.Tensor], list[int]]:
-        """The kernels' Weight (kernels/rowwise.h)."""
+        """The kernels' Weight (kernels/rowwise.h): with `int8`, the block parts' types + INT8."""
+        if self.int8:
+            return self.parts, [t + INT8 if t in INT8_FORMATS else t for t in self.types]
         return self.parts, self.types
 
     @property
@@ -118,6 +123,14 @@ def _numpy_dequantize(part: torch.Tensor, type_: int, in_features: int) -> torch
 
     out = gguf.quants.dequantize(part.numpy(), gguf.GGMLQuantizationType(type_))
     return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32).reshape(part.shape[0], in_features))
+
+
+def use_int8(weights: dict) -> int:
+    """Switch every QuantTensor among `weights` to int8 activations; how many there were."""
+    quants = [w for w in weights.values() if isinstance(w, QuantTensor)]
+    for w in quants:
+        w.int8 = True
+    return len(quants)
 
 
 def weight_bytes(w) -> int:

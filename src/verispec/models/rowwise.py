@@ -6,7 +6,7 @@ each row bit-identical whatever the rows beside it:
 
 The arithmetic is defined once (kernels/vec.h, ops.h) and built per instruction set, each variant
 giving bit-identical results:
-    avx512   x86-64 with AVX-512F
+    avx512   x86-64 with AVX-512F and BW
     avx2     x86-64 with AVX2 and FMA
     neon     AArch64
     scalar   any CPU: plain C++, the reference (several times slower than MKL's one-row products,
@@ -43,12 +43,12 @@ log = logging.getLogger("verispec")
 
 KERNELS = Path(__file__).with_name("kernels")
 SOURCES = [KERNELS / "rowwise.cpp", KERNELS / "quant.cpp", KERNELS / "layer.cpp"]
-HEADERS = [KERNELS / "rowwise.h", KERNELS / "ops.h", KERNELS / "vec.h", KERNELS / "quant.h"]
+HEADERS = [KERNELS / "rowwise.h", KERNELS / "ops.h", KERNELS / "vec.h", KERNELS / "quant.h", KERNELS / "int8.h", KERNELS / "quant8.h"]
 # no -march=native: a variant's library runs on any CPU with its instruction set, and no
 # -ffast-math; -ffp-contract=off: no fused multiply-add but the written ones
 COMMON_FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-fno-fast-math"]
 VARIANT_FLAGS = {
-    "avx512": ["-DVERISPEC_AVX512", "-mavx512f", "-mavx2", "-mfma", "-mf16c"],
+    "avx512": ["-DVERISPEC_AVX512", "-mavx512f", "-mavx512bw", "-mavx2", "-mfma", "-mf16c"],
     "avx2": ["-DVERISPEC_AVX2", "-mavx2", "-mfma", "-mf16c"],
     "neon": ["-DVERISPEC_NEON"],
     "scalar": ["-DVERISPEC_SCALAR"],
@@ -93,8 +93,8 @@ def supported_variants() -> tuple[str, ...]:
         flags = cpu_flags()
         if not flags:  # no /proc/cpuinfo: torch's own detection
             cap = torch.backends.cpu.get_cpu_capability()
-            flags = {"avx512f", "avx2", "fma", "f16c"} if cap.startswith("AVX512") else {"avx2", "fma", "f16c"} if cap == "AVX2" else set()
-        if {"avx512f", "avx2", "fma", "f16c"} <= flags:
+            flags = {"avx512f", "avx512bw", "avx2", "fma", "f16c"} if cap.startswith("AVX512") else {"avx2", "fma", "f16c"} if cap == "AVX2" else set()
+        if {"avx512f", "avx512bw", "avx2", "fma", "f16c"} <= flags:
             out.append("avx512")
         if {"avx2", "fma", "f16c"} <= flags:
             out.append("avx2")
@@ -158,13 +158,20 @@ def load_variant(variant: str, required: bool = True):
     return module
 
 
+def variant_flags(variant: str) -> list[str]:
+    """The compiler flags of `variant` on this CPU: AVX-512 adds VNNI where the CPU has it (the
+    int8 products' dot instruction; the integers, so the results, are the same without it)."""
+    extra = ["-mavx512vnni"] if variant == "avx512" and "avx512_vnni" in cpu_flags() else []
+    return VARIANT_FLAGS[variant] + extra
+
+
 def build_key(variant: str) -> str:
     """What the built library depends on: sources, flags, compiler, torch, Python and the
     environment's paths (torch's builder writes them into its build files)."""
     h = hashlib.sha256()
     for p in [*SOURCES, *HEADERS]:
         h.update(p.name.encode() + b"\0" + p.read_bytes())
-    parts = [variant, *COMMON_FLAGS, *VARIANT_FLAGS[variant], compiler_version(), torch.__version__,
+    parts = [variant, *COMMON_FLAGS, *variant_flags(variant), compiler_version(), torch.__version__,
              str(Path(torch.__file__).parent), sys.version, sys.prefix, platform.machine()]
     h.update("\0".join(parts).encode())
     return h.hexdigest()[:16]
@@ -198,7 +205,7 @@ def _build(variant: str):
             from torch.utils.cpp_extension import load
 
             # load() builds the library and imports it: that module is the one used
-            module = load(name=name, sources=[str(p) for p in SOURCES], extra_cflags=COMMON_FLAGS + VARIANT_FLAGS[variant],
+            module = load(name=name, sources=[str(p) for p in SOURCES], extra_cflags=COMMON_FLAGS + variant_flags(variant),
                           extra_include_paths=[str(KERNELS)], extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
             sys.modules[name] = module
     if module.variant() != variant:

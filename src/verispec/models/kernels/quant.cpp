@@ -6,8 +6,11 @@
 // float32 [rows_p, in] (type F32) or as its blocks, uint8 [rows_p, row bytes]. Work split as in
 // rows_mm (rowwise.cpp): threads take blocks of consecutive outputs of a part; every (output, row)
 // pair is ops.h's dot over the unpacked weights, whatever R, the neighbours or the thread.
+// A part's type with kInt8 added (types[p] + 256) asks for int8 activations (quant8.h): x is
+// quantised once per call, and each (output, row) pair gets quant8.h's arithmetic instead.
 #include "rowwise.h"
 #include "quant.h"
+#include "quant8.h"
 
 #include <ATen/Parallel.h>
 
@@ -40,6 +43,27 @@ void part_range(const float* x, const uint8_t* w, float* y, int64_t in, int64_t 
 
 using RangeFn = void (*)(const float*, const uint8_t*, float*, int64_t, int64_t, int64_t, int64_t);
 
+// the same with int8 activations (rows of xq)
+template <int T, int R, bool Tail>
+void part_range8(const vs::XQ& xq, const uint8_t* w, float* y, int64_t in, int64_t ldy, int64_t b0, int64_t b1) {
+  constexpr int OB = vs::outputs_per_block<R>();
+  const int64_t rb = vs::row_bytes<T>(in);
+  const bool short_rows = vs::Format<T>::kElems == 32 && rb * OB <= vs::kShortBlock;
+  for (int64_t b = b0; b < b1; ++b) {
+    if constexpr (Tail) vs::products_i8<T, R, 1>(xq, w, rb, y, in, ldy, b);
+    else if (short_rows) vs::products_i8<T, R, OB, true>(xq, w, rb, y, in, ldy, b * OB);
+    else vs::products_i8<T, R, OB>(xq, w, rb, y, in, ldy, b * OB);
+  }
+}
+
+using RangeFn8 = void (*)(const vs::XQ&, const uint8_t*, float*, int64_t, int64_t, int64_t, int64_t);
+
+template <int T, bool Tail>
+constexpr RangeFn8 kRange8[9] = {nullptr, part_range8<T, 1, Tail>, part_range8<T, 2, Tail>, part_range8<T, 3, Tail>, part_range8<T, 4, Tail>,
+                                 part_range8<T, 5, Tail>, part_range8<T, 6, Tail>, part_range8<T, 7, Tail>, part_range8<T, 8, Tail>};
+
+constexpr int64_t kInt8 = 256;  // added to a part's type: int8 activations
+
 template <int T, bool Tail>
 constexpr RangeFn kRange[9] = {nullptr, part_range<T, 1, Tail>, part_range<T, 2, Tail>, part_range<T, 3, Tail>, part_range<T, 4, Tail>,
                                part_range<T, 5, Tail>, part_range<T, 6, Tail>, part_range<T, 7, Tail>, part_range<T, 8, Tail>};
@@ -51,19 +75,25 @@ constexpr const char* kFormats = "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, 
 struct Props {
   int64_t elems = 0, bytes = 0;
   RangeFn range[9] = {}, tail[9] = {};
+  RangeFn8 range8[9] = {}, tail8[9] = {};  // int8 activations (formats quant8.h defines)
   void (*unpack)(const uint8_t*, float*, int64_t) = nullptr;
 };
 
 Props props(int64_t type) {
   Props p;
-  const bool known = vs::with_format(type, [&](auto t) {
+  const bool int8 = type >= kInt8;
+  const bool known = vs::with_format(int8 ? type - kInt8 : type, [&](auto t) {
     constexpr int T = decltype(t)::value;
     p.elems = vs::Format<T>::kElems;
     p.bytes = vs::Format<T>::kBytes;
     for (int R = 1; R <= 8; ++R) p.range[R] = kRange<T, false>[R], p.tail[R] = kRange<T, true>[R];
     if constexpr (T != vs::F32) p.unpack = vs::unpack_row<T>;
+    if constexpr (vs::Int8<T>::kDefined)
+      if (int8)
+        for (int R = 1; R <= 8; ++R) p.range8[R] = kRange8<T, false>[R], p.tail8[R] = kRange8<T, true>[R];
   });
-  TORCH_CHECK(known, "weight format ", type, " is not supported (", kFormats, ")");
+  TORCH_CHECK(known, "weight format ", type, " is not supported (", kFormats, ", plus ", kInt8, " for int8 activations)");
+  TORCH_CHECK(!int8 || p.range8[1] != nullptr, "weight format ", type - kInt8, " has no int8-activation products (quant8.h)");
   return p;
 }
 
@@ -105,15 +135,27 @@ torch::Tensor weight_mm(torch::Tensor x, const Weight& w) {
   std::vector<Props> f(P);
   std::vector<const uint8_t*> data(P);
   std::vector<int64_t> first_out(P + 1, 0);
+  bool int8 = false;
   for (size_t p = 0; p < P; ++p) {
     f[p] = props(types[p]);
-    data[p] = part_data(parts[p], types[p], f[p], in);
+    data[p] = part_data(parts[p], types[p] >= kInt8 ? types[p] - kInt8 : types[p], f[p], in);
     first_out[p + 1] = first_out[p] + parts[p].size(0);
+    int8 = int8 || f[p].range8[1] != nullptr;
+  }
+  // int8 activations: every row of x quantised once (quant8.h)
+  const int64_t n64 = vs::padded64(in);
+  std::vector<int8_t> xq_q(int8 ? R * n64 : 0);
+  std::vector<float> xq_dx(int8 ? R * n64 / 4 : 0), xq_sx(xq_dx.size());
+  std::vector<int32_t> xq_s(xq_dx.size());
+  if (int8) {
+    vs::FpMode mode;
+    vs::quantize_rows(xp, R, in, vs::XQ{xq_q.data(), xq_dx.data(), xq_sx.data(), xq_s.data(), n64});
   }
   for (int64_t r0 = 0; r0 < R; r0 += 8) {  // 8 rows per pass over the weights
     const int n = static_cast<int>(R - r0 < 8 ? R - r0 : 8);
     const float* xr = xp + r0 * in;
     float* yr = yp + r0 * out;
+    const vs::XQ xq{xq_q.data() + r0 * n64, xq_dx.data() + r0 * n64 / 4, xq_sx.data() + r0 * n64 / 4, xq_s.data() + r0 * n64 / 4, n64};
     // one parallel region over every part's whole output blocks (a fused q/k/v is one region,
     // not three: each region costs a wake-up and a barrier)
     std::vector<int64_t> first_block(P + 1, 0);
@@ -122,13 +164,16 @@ torch::Tensor weight_mm(torch::Tensor x, const Weight& w) {
       vs::FpMode mode;
       for (size_t p = 0; p < P; ++p) {
         const int64_t lo = std::max(b0, first_block[p]), hi = std::min(b1, first_block[p + 1]);
-        if (lo < hi) f[p].range[n](xr, data[p], yr + first_out[p], in, out, lo - first_block[p], hi - first_block[p]);
+        if (lo >= hi) continue;
+        if (f[p].range8[n]) f[p].range8[n](xq, data[p], yr + first_out[p], in, out, lo - first_block[p], hi - first_block[p]);
+        else f[p].range[n](xr, data[p], yr + first_out[p], in, out, lo - first_block[p], hi - first_block[p]);
       }
     });
     vs::FpMode mode;
     for (size_t p = 0; p < P; ++p) {
       const int64_t rows = parts[p].size(0), done = rows / kOB[n] * kOB[n];
-      if (done < rows) f[p].tail[n](xr, data[p], yr + first_out[p], in, out, done, rows);
+      if (done < rows && f[p].range8[n]) f[p].tail8[n](xq, data[p], yr + first_out[p], in, out, done, rows);
+      else if (done < rows) f[p].tail[n](xr, data[p], yr + first_out[p], in, out, done, rows);
     }
   }
   return y;
@@ -141,10 +186,11 @@ torch::Tensor dequantize(const Weight& w, int64_t in) {
   float* op = out.data_ptr<float>();
   int64_t o0 = 0;
   for (size_t p = 0; p < parts.size(); ++p) {
-    const Props f = props(types[p]);
-    const uint8_t* wp = part_data(parts[p], types[p], f, in);
+    const int64_t type = types[p] % kInt8;  // (the arithmetic flag does not matter here)
+    const Props f = props(type);
+    const uint8_t* wp = part_data(parts[p], type, f, in);
     const int64_t rows = parts[p].size(0);
-    if (types[p] == vs::F32) {
+    if (type == vs::F32) {
       out.narrow(0, o0, rows).copy_(parts[p]);
     } else {
       const auto unpack = f.unpack;
@@ -171,10 +217,11 @@ torch::Tensor take_rows(const Weight& w, int64_t in, torch::Tensor ids) {
     TORCH_CHECK(r >= 0 && r < total, "take_rows: id ", r, " out of range [0, ", total, ")");
     size_t p = 0;
     while (r >= parts[p].size(0)) r -= parts[p++].size(0);
-    const Props f = props(types[p]);
-    const uint8_t* wp = part_data(parts[p], types[p], f, in);
+    const int64_t type = types[p] % kInt8;  // (the arithmetic flag does not matter here)
+    const Props f = props(type);
+    const uint8_t* wp = part_data(parts[p], type, f, in);
     float* o = out.data_ptr<float>() + i * in;
-    if (types[p] == vs::F32) {
+    if (type == vs::F32) {
       std::memcpy(o, reinterpret_cast<const float*>(wp) + r * in, in * sizeof(float));
     } else {
       f.unpack(wp + r * parts[p].size(1), o, in);

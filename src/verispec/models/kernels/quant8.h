@@ -1,0 +1,279 @@
+// Products over GGUF blocks with int8 activations (weights_format "gguf-int8"), as llama.cpp
+// computes them: each row of x is quantised in blocks of 32, the weights' integer quants are
+// multiplied by it in integers, and the float scales applied per group of 4 weights.
+//
+// The arithmetic, defined once (every variant computes the same bits; no torch here):
+//   x, one block of 32 values:  a = max |x_i|;  d = a / 127;  q_i = round_even(x_i * (127 / a))
+//     (q = 0 and d = 0 where a = 0), clamped to [-127, 127]. Per group g of 4 values (a lane):
+//     s_g = sum of its q_i (an integer), dx_g = d, sx_g = d * s_g.
+//   a weight row, 64 weights at a time (two 32-weight blocks, or a quarter of a 256-weight one),
+//   16 lanes, lane l covering weights 4l .. 4l + 3: its integer quants u (unsigned, offset by o:
+//   the weight is ws * (u - o) + wm), the lane's scale ws and min wm (format by format below).
+//     i_l  = sum over the lane of u * q - o * s_g      (integers, exact)
+//     acc_l = fma(float(i_l), ws_l * dx_g, acc_l)
+//     acc_l = fma(wm_l, sx_g, acc_l)                  (formats with a min)
+//   y = vec.h's sum tree over the 16 lanes. A row shorter than a whole 64 (an odd number of
+//   32-blocks) ends with a block of zeros on both sides, which adds +0 to each lane.
+// So a row's result depends on its own x and the weights only: batch invariance holds as in the
+// float32 products. The prompt path (48+ rows) keeps float32 products over the dequantised matrix.
+#pragma once
+
+#include <limits>
+
+#include "int8.h"
+
+namespace vs {
+
+// x [R, in] quantised for the products: q [R, n], dx / sx [R, n / 4] float, s [R, n / 4] int32,
+// n = in rounded up to 64 (zeros beyond in)
+struct XQ {
+  int8_t* q;
+  float* dx;
+  float* sx;
+  int32_t* s;
+  int64_t n;
+};
+
+inline int64_t padded64(int64_t in) { return (in + 63) / 64 * 64; }
+
+inline void quantize_rows(const float* x, int64_t rows, int64_t in, const XQ& xq) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * in;
+    int8_t* q = xq.q + r * xq.n;
+    for (int64_t b = 0; b < xq.n / 32; ++b) {
+      int8_t* qb = q + 32 * b;
+      float d = 0.0f;
+      if (32 * b < in) {  // `in` is a whole number of 32-blocks (every format's block size divides it)
+        const float* xb = xr + 32 * b;
+        float a = 0.0f;
+        for (int i = 0; i < 32; ++i) {
+          const float v = std::fabs(xb[i]);
+          a = v > a ? v : a;
+        }
+        if (a > 0.0f && a <= 3.4028235e38f) {
+          d = a / 127.0f;
+          const float id = 127.0f / a;
+          for (int i = 0; i < 32; ++i) {
+            float v = std::nearbyint(xb[i] * id);  // FpMode: round to nearest even
+            v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+            qb[i] = static_cast<int8_t>(v);
+          }
+        } else {  // zeros, or a non-finite value: q = 0 (and d NaN for the latter, so the product shows it)
+          if (a != 0.0f) d = std::numeric_limits<float>::quiet_NaN();
+          std::memset(qb, 0, 32);
+        }
+      } else {
+        std::memset(qb, 0, 32);
+      }
+      for (int g = 0; g < 8; ++g) {
+        const int64_t at = r * (xq.n / 4) + 8 * b + g;
+        const int32_t s = qb[4 * g] + qb[4 * g + 1] + qb[4 * g + 2] + qb[4 * g + 3];
+        xq.s[at] = s;
+        xq.dx[at] = d;
+        xq.sx[at] = d * static_cast<float>(s);
+      }
+    }
+  }
+}
+
+// Int8<T>: a format's 64-weight steps. kOffset: o above; kMin: wm used; kSigned: u is int8 (Q8_0,
+// o = 0). step(row, s, u, ws, wm) unpacks step s of a row (bytes `row`, whole row).
+template <int T>
+struct Int8 {
+  static constexpr bool kDefined = false;
+};
+
+alignas(64) inline constexpr uint8_t kZeroBlock[256] = {};  // the missing second block of a row's last step
+
+// two 32-weight blocks per step: blocks 2s and 2s + 1 (a zero block past the row's end)
+template <int T>
+struct Pairs {
+  static constexpr int kBytes = Format<T>::kBytes;
+  static void blocks(const uint8_t* row, int64_t s, int64_t nblocks, const uint8_t*& a, const uint8_t*& b) {
+    a = row + 2 * s * kBytes;
+    b = 2 * s + 1 < nblocks ? a + kBytes : kZeroBlock;
+  }
+};
+
+inline uint64_t qh_pair(const uint8_t* a, const uint8_t* b) {
+  uint32_t ha, hb;
+  std::memcpy(&ha, a, 4);
+  std::memcpy(&hb, b, 4);
+  return ha | (static_cast<uint64_t>(hb) << 32);
+}
+
+template <>
+struct Int8<Q4_0> : Pairs<Q4_0> {  // w = d * (q - 8)
+  static constexpr bool kDefined = true, kMin = false, kSigned = false;
+  static constexpr int kOffsetShift = 3;  // o = 8
+  VS_ALWAYS_INLINE static void step(const uint8_t* row, int64_t s, int64_t nb, Q64& u, V& ws, V&) {
+    const uint8_t *a, *b;
+    blocks(row, s, nb, a, b);
+    u = nib_pair(a + 2, b + 2);
+    ws = pair_h(a, b);
+  }
+};
+
+template <>
+struct Int8<Q4_1> : Pairs<Q4_1> {  // w = d * q + m
+  static constexpr bool kDefined = true, kMin = true, kSigned = false;
+  static constexpr int kOffsetShift = -1;
+  VS_ALWAYS_INLINE static void step(const uint8_t* row, int64_t s, int64_t nb, Q64& u, V& ws, V& wm) {
+    const uint8_t *a, *b;
+    blocks(row, s, nb, a, b);
+    u = nib_pair(a + 4, b + 4);
+    pair_dm(a, b, ws, wm);
+  }
+};
+
+template <>
+struct Int8<Q5_0> : Pairs<Q5_0> {  // w = d * (q - 16)
+  static constexpr bool kDefined = true, kMin = false, kSigned = false;
+  static constexpr int kOffsetShift = 4;
+  VS_ALWAYS_INLINE static void step(const uint8_t* row, int64_t s, int64_t nb, Q64& u, V& ws, V&) {
+    const uint8_t *a, *b;
+    blocks(row, s, nb, a, b);
+    u = or_bits(nib_pair(a + 6, b + 6), qh_pair(a + 2, b + 2), 16);
+    ws = pair_h(a, b);
+  }
+};
+
+template <>
+struct Int8<Q5_1> : Pairs<Q5_1> {  // w = d * q + m
+  static constexpr bool kDefined = true, kMin = true, kSigned = false;
+  static constexpr int kOffsetShift = -1;
+  VS_ALWAYS_INLINE static void step(const uint8_t* row, int64_t s, int64_t nb, Q64& u, V& ws, V& wm) {
+    const uint8_t *a, *b;
+    blocks(row, s, nb, a, b);
+    u = or_bits(nib_pair(a + 8, b + 8), qh_pair(a + 4, b + 4), 16);
+    pair_dm(a, b, ws, wm);
+  }
+};
+
+template <>
+struct Int8<Q8_0> : Pairs<Q8_0> {  // w = d * q, q int8
+  static constexpr bool kDefined = true, kMin = false, kSigned = true;
+  static constexpr int kOffsetShift = -1;
+  VS_ALWAYS_INLINE static void step(const uint8_t* row, int64_t s, int64_t nb, Q64& u, V& ws, V&) {
+    const uint8_t *a, *b;
+    blocks(row, s, nb, a, b);
+    u = q64_halves(a + 2, b + 2);
+    ws = pair_h(a, b);
+  }
+};
+
+// 256-weight blocks: prepare(block) once, then quarter(block, c, scales, u, ws, wm) for its four
+// 64-weight steps c = 0..3.
+// Q4_K / Q5_K: quarter c is sub-blocks 2c (the low nibbles of qs[32c ..]) and 2c + 1 (the high
+// ones): ws = d * sc, wm = -(dmin * m) per sub-block (t: the 8 ws, then the 8 wm)
+inline V k_scales(const uint8_t* b) {
+  uint32_t u[4];
+  std::memcpy(u, b + 4, 12);  // the 12 bytes of 6-bit scales and mins -> bytes sc0..7, m0..7
+  constexpr uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+  u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+  const uint32_t low_mins = u[1] & k1;
+  u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+  u[2] = low_mins;
+  u[0] &= k1;
+  return mul(bits(bytes16(reinterpret_cast<const uint8_t*>(u)), 0, 0xFF), pair(half_at(b), -half_at(b + 2)));
+}
+
+template <bool Five>
+struct KQuarter {
+  static constexpr bool kDefined = true, kMin = true, kSigned = false;
+  static constexpr int kOffsetShift = -1;
+  static constexpr int kBytes = Five ? 176 : 144;
+  VS_ALWAYS_INLINE static V prepare(const uint8_t* b) { return k_scales(b); }
+  VS_ALWAYS_INLINE static void quarter(const uint8_t* b, int c, V t, Q64& u, V& ws, V& wm) {
+    u = nib32(b + (Five ? 48 : 16) + 32 * c);
+    if constexpr (Five) u = or_test(u, b + 16, 2 * c, 2 * c + 1, 16);
+    ws = spread2(t, 2 * c, 2 * c + 1);
+    wm = spread2(t, 8 + 2 * c, 9 + 2 * c);
+  }
+};
+template <>
+struct Int8<Q4_K> : KQuarter<false> {};
+template <>
+struct Int8<Q5_K> : KQuarter<true> {};
+
+template <>
+struct Int8<Q6_K> {  // w = (d * sc_j) * (q - 32), one scale per 16 weights
+  static constexpr bool kDefined = true, kMin = false, kSigned = false;
+  static constexpr int kOffsetShift = 5;
+  static constexpr int kBytes = 210;
+  VS_ALWAYS_INLINE static V prepare(const uint8_t* b) {
+    return mul(from_i8(reinterpret_cast<const int8_t*>(b + 192)), set1(half_at(b + 208)));
+  }
+  VS_ALWAYS_INLINE static void quarter(const uint8_t* b, int c, V t, Q64& u, V& ws, V&) {
+    const int h = c >> 1, odd = c & 1;  // weights 64c ..: half h, runs 2 odd and 2 odd + 1
+    u = q6(b + 64 * h, b + 128 + 32 * h, 4 * odd, 4 * odd, 4 * odd + 2);
+    ws = spread4(t, 4 * c);
+  }
+};
+
+// outputs o0 .. o0 + OB - 1 (rows of `w`, `rb` bytes each) for rows 0..R of xq: y[r * ldy + o],
+// the arithmetic above; each step's weights unpacked once for all rows. Prefetch as products_q.
+template <int T, int R, int OB>
+VS_ALWAYS_INLINE inline void accumulate(const XQ& xq, int64_t s, Q64 u, V ws, V wm, V* acc) {
+  using F = Int8<T>;
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const int8_t* xs = xq.q + r * xq.n + 64 * s;
+    const int64_t g = r * (xq.n / 4) + 16 * s;
+    I16 i = F::kSigned ? dot4s(u, xs) : dot4u(u, xs);
+    if constexpr (F::kOffsetShift >= 0) i = sub_shifted(i, xq.s + g, F::kOffsetShift);
+    acc[r] = fmadd(to_float(i), mul(ws, load(xq.dx + g)), acc[r]);
+    if constexpr (F::kMin) acc[r] = fmadd(wm, load(xq.sx + g), acc[r]);
+  }
+}
+
+template <int T, int R, int OB, bool Short = false>
+inline void products_i8(const XQ& xq, const uint8_t* __restrict w, int64_t rb, float* __restrict y, int64_t in, int64_t ldy, int64_t o0) {
+  using F = Int8<T>;
+  constexpr int E = Format<T>::kElems, B = Format<T>::kBytes;
+  V acc[OB][R];
+  for (int b = 0; b < OB; ++b)
+    for (int r = 0; r < R; ++r) acc[b][r] = zero();
+  if constexpr (E == 32) {
+    const int64_t nblocks = in / E, steps = (in + 63) / 64;
+    for (int64_t s = 0; s < steps; ++s) {
+#pragma GCC unroll 8
+      for (int b = 0; b < OB; ++b) {
+        const uint8_t* row = w + (o0 + b) * rb;
+        if constexpr (Short) {  // the next block of outputs, in address order (2 * B <= 68 bytes a step)
+          const uint8_t* p = w + (o0 + OB) * rb + (s * OB + b) * 2 * B;
+          prefetch(reinterpret_cast<const float*>(p));
+          prefetch(reinterpret_cast<const float*>(p + 2 * B - 1));
+        } else {
+          prefetch(reinterpret_cast<const float*>(row + OB * rb + s * 2 * B));
+        }
+        Q64 u;
+        V ws, wm = zero();
+        F::step(row, s, nblocks, u, ws, wm);
+        accumulate<T, R, OB>(xq, s, u, ws, wm, acc[b]);
+      }
+    }
+  } else {
+    for (int64_t k = 0; k < in / E; ++k) {
+      for (int b = 0; b < OB; ++b) {
+        const uint8_t* blk = w + (o0 + b) * rb + k * B;
+        for (int p = 0; p < B; p += 64) prefetch(reinterpret_cast<const float*>(blk + OB * rb + p));
+        const V t = F::prepare(blk);
+        V a[R];  // this output's accumulators in registers (in acc[b] they would chain through memory)
+        for (int r = 0; r < R; ++r) a[r] = acc[b][r];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) {
+          Q64 u;
+          V ws, wm = zero();
+          F::quarter(blk, c, t, u, ws, wm);
+          accumulate<T, R, OB>(xq, 4 * k + c, u, ws, wm, a);
+        }
+        for (int r = 0; r < R; ++r) acc[b][r] = a[r];
+      }
+    }
+  }
+  for (int b = 0; b < OB; ++b)
+    for (int r = 0; r < R; ++r) y[r * ldy + o0 + b] = sum(acc[b][r]);
+}
+
+}  // namespace vs

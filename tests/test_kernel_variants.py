@@ -45,7 +45,8 @@ def test_scalar_runs_everywhere_and_the_best_is_chosen(monkeypatch):
 
 def test_cpu_features_pick_the_variants(monkeypatch):
     monkeypatch.setattr(rowwise.platform, "machine", lambda: "x86_64")
-    for flags, expected in [({"avx512f", "avx2", "fma", "f16c"}, ("avx512", "avx2", "scalar")),
+    for flags, expected in [({"avx512f", "avx512bw", "avx2", "fma", "f16c"}, ("avx512", "avx2", "scalar")),
+                            ({"avx512f", "avx2", "fma", "f16c"}, ("avx2", "scalar")),  # no BW: the int8 products need it
                             ({"avx2", "fma", "f16c", "sse4_2"}, ("avx2", "scalar")),
                             ({"avx2", "fma"}, ("scalar",)),  # no F16C: the GGUF blocks' scales need it
                             ({"avx2"}, ("scalar",)), ({"sse2"}, ("scalar",))]:

@@ -94,7 +94,7 @@ def main() -> int:
         size = path.stat().st_size
         gguf_meta(path)  # fill the metadata cache first: the load times are those of a later load
         floor_ms = size / (bandwidth * 1e9) * 1000
-        runs = [("torch", "gguf"), ("torch", "float32"), ("llamacpp", None)]
+        runs = [("torch", "gguf"), ("torch", "gguf-int8"), ("torch", "float32"), ("llamacpp", None)]
         for backend, fmt in runs:
             if fmt == "float32" and size > args.float32_max_mib * 2**20:  # its float32 copy: 4-7x the file
                 continue

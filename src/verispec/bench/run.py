@@ -90,17 +90,17 @@ def split_family(name: str) -> tuple[str, str]:
 def family_options(family: str) -> dict:
     """LLM options of a backend[:format] name: 'llamacpp:Q8_0' -> backend llamacpp, weights Q8_0;
     'torch' (batch-invariant, the default), 'torch:fast' -> torch with batch_invariant off,
-    'torch:float32' / 'torch:gguf' -> torch with that weights_format (default: the file's blocks)."""
+    'torch:float32' / 'torch:gguf' / 'torch:gguf-int8' -> torch with that weights_format (default: the file's blocks)."""
     from verispec.errors import ConfigError
 
     backend, _, fmt = family.partition(":")
     if backend != "torch":
         return {"backend": backend, "weights_format": fmt or None}
-    if fmt in ("float32", "gguf"):
+    if fmt in ("float32", "gguf", "gguf-int8"):
         return {"weights_format": fmt}
     if fmt not in ("", "fast"):
         raise ConfigError(f"unknown torch variant {family!r}: 'torch', 'torch:fast' (batch_invariant off), "
-                          "'torch:float32' or 'torch:gguf' (weights format)")
+                          "'torch:float32', 'torch:gguf' or 'torch:gguf-int8' (weights format)")
     return {"batch_invariant": fmt != "fast"}
 
 

@@ -211,9 +211,8 @@ struct Int8<Q6_K> {  // w = (d * sc_j) * (q - 32), one scale per 16 weights
   }
 };
 
-// outputs o0 .. o0 + OB - 1 (rows of `w`, `rb` bytes each) for rows 0..R of xq: y[r * ldy + o],
-// the arithmetic above; each step's weights unpacked once for all rows. Prefetch as products_q.
-template <int T, int R, int OB>
+// one output's 64-weight step s (quants u, scales ws, mins wm) into rows 0..R of xq: acc[r]
+template <int T, int R>
 VS_ALWAYS_INLINE inline void accumulate(const XQ& xq, int64_t s, Q64 u, V ws, V wm, V* acc) {
   using F = Int8<T>;
 #pragma GCC unroll 8
@@ -227,6 +226,8 @@ VS_ALWAYS_INLINE inline void accumulate(const XQ& xq, int64_t s, Q64 u, V ws, V 
   }
 }
 
+// outputs o0 .. o0 + OB - 1 (rows of `w`, `rb` bytes each) for rows 0..R of xq: y[r * ldy + o],
+// the arithmetic above; each step's weights unpacked once for all rows. Prefetch as products_q.
 template <int T, int R, int OB, bool Short = false>
 inline void products_i8(const XQ& xq, const uint8_t* __restrict w, int64_t rb, float* __restrict y, int64_t in, int64_t ldy, int64_t o0) {
   using F = Int8<T>;
@@ -250,7 +251,7 @@ inline void products_i8(const XQ& xq, const uint8_t* __restrict w, int64_t rb, f
         Q64 u;
         V ws, wm = zero();
         F::step(row, s, nblocks, u, ws, wm);
-        accumulate<T, R, OB>(xq, s, u, ws, wm, acc[b]);
+        accumulate<T, R>(xq, s, u, ws, wm, acc[b]);
       }
     }
   } else {
@@ -266,7 +267,7 @@ inline void products_i8(const XQ& xq, const uint8_t* __restrict w, int64_t rb, f
           Q64 u;
           V ws, wm = zero();
           F::quarter(blk, c, t, u, ws, wm);
-          accumulate<T, R, OB>(xq, 4 * k + c, u, ws, wm, a);
+          accumulate<T, R>(xq, 4 * k + c, u, ws, wm, a);
         }
         for (int r = 0; r < R; ++r) acc[b][r] = a[r];
       }

@@ -1,0 +1,175 @@
+"""Products over GGUF blocks with int8 activations (weights_format "gguf-int8", kernels/quant8.h):
+the arithmetic quant8.h defines, checked against a float64 reference of it; the same bits on
+every kernel variant and whatever a row's neighbours; a model on it decodes speculatively
+exactly as it decodes plainly; and it is really a different arithmetic from the exact one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from verispec.models import rowwise
+from verispec.models.quant import FORMATS, INT8, INT8_FORMATS, QuantTensor
+from verispec.models.synth import SIZES, random_blocks, write
+
+BY_NAME = {name: t for t, (name, _, _) in FORMATS.items()}
+INT8_NAMES = sorted(FORMATS[t][0] for t in INT8_FORMATS)
+
+
+def _quantised_x(x: torch.Tensor) -> np.ndarray:
+    """x [R, in] float32 -> the values quant8.h multiplies by (q * d per 32-value block), float64:
+    a = max |x|, d = float32(a / 127), q = round-half-even(float32(x * float32(127 / a)))."""
+    xb = x.numpy().astype(np.float32).reshape(x.shape[0], -1, 32)
+    a = np.abs(xb).max(axis=2, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = np.where(a > 0, a / np.float32(127), np.float32(0)).astype(np.float32)
+        inv = np.where(a > 0, np.float32(127) / a, np.float32(0)).astype(np.float32)
+    q = np.clip(np.rint((xb * inv).astype(np.float32)), -127, 127)
+    return (q.astype(np.float64) * d.astype(np.float64)).reshape(x.shape)
+
+
+def _dequantised(raw: np.ndarray, fmt: str, cols: int) -> np.ndarray:
+    import gguf
+
+    t = gguf.GGMLQuantizationType[fmt]
+    return np.asarray(gguf.quants.dequantize(raw, t), dtype=np.float64).reshape(raw.shape[0], cols)
+
+
+def _case(fmt: str, rows: int, cols: int, seed: int):
+    rng = np.random.default_rng(seed)
+    raw = random_blocks(rng, fmt, rows, cols, scale=0.05)
+    q = QuantTensor([torch.from_numpy(raw)], [BY_NAME[fmt]], cols)
+    q.int8 = True
+    return raw, q
+
+
+def _cols(fmt: str) -> list[int]:
+    # 32-weight formats: whole 64-weight steps and an odd number of blocks (the zero block's tail)
+    return [256, 512] if FORMATS[BY_NAME[fmt]][1] == 256 else [96, 512]
+
+
+@pytest.mark.parametrize("fmt", INT8_NAMES)
+def test_int8_products_are_the_defined_arithmetic(fmt):
+    """Against float64 of (dequantised weights) @ (q * d): every product within float32 rounding of
+    the reference, relative to the sum of its terms' magnitudes."""
+    k = rowwise.kernel()
+    for cols in _cols(fmt):
+        raw, q = _case(fmt, 37, cols, seed=cols)
+        x = torch.randn(9, cols, generator=torch.Generator().manual_seed(cols)) * 3
+        x[2, :32] = 0.0  # a block of zeros: d = 0, q = 0
+        x[3, 5] = 40.0  # one large value dominates its block
+        w, xq = _dequantised(raw, fmt, cols), _quantised_x(x)
+        ref, scale = xq @ w.T, np.abs(xq) @ np.abs(w).T
+        got = k.weight_mm(x, q.arg).numpy().astype(np.float64)
+        err = np.abs(got - ref) / scale
+        assert err.max() < 2e-6, f"{fmt} cols {cols}: relative error {err.max():.2e}"
+
+
+@pytest.mark.parametrize("fmt", INT8_NAMES)
+def test_int8_products_are_the_same_bits_on_every_variant_and_for_any_neighbours(fmt):
+    variants = [rowwise.load_variant(v) for v in rowwise.supported_variants()]
+    for cols in _cols(fmt):
+        raw, q = _case(fmt, 21, cols, seed=7)
+        x = torch.randn(11, cols, generator=torch.Generator().manual_seed(5))
+        first = None
+        for k in variants:
+            alone = torch.cat([k.weight_mm(x[r : r + 1], q.arg) for r in range(11)])
+            for n in (2, 3, 8, 11):
+                assert torch.equal(k.weight_mm(x[:n], q.arg), alone[:n]), f"{fmt}: rows moved with neighbours on {k.variant()}"
+            if first is None:
+                first = alone
+            assert torch.equal(alone, first), f"{fmt}: {k.variant()} differs from {variants[0].variant()}"
+
+
+def test_int8_is_a_different_arithmetic_from_exact():
+    """Negative control: the int8 products are not the exact float32 ones (so the model-level
+    checks below compare int8 with int8), yet close to them (quantisation noise of ~1%)."""
+    raw, q = _case("Q4_K", 64, 512, seed=3)
+    exact = QuantTensor(q.parts, q.types, 512)
+    x = torch.randn(4, 512, generator=torch.Generator().manual_seed(2))
+    k = rowwise.kernel()
+    a, b = k.weight_mm(x, q.arg), k.weight_mm(x, exact.arg)
+    assert not torch.equal(a, b)
+    assert (a - b).norm() / b.norm() < 0.02
+    assert q.arg[1] == [12 + INT8] and exact.arg[1] == [12]
+
+
+def test_the_reference_sees_a_wrong_rounding():
+    """Negative control for the reference check: quantising x with round-half-away (another
+    plausible choice) instead of round-half-even is caught on values that land on .5."""
+    x = torch.tensor([[i + 0.5 for i in range(31)] + [127.0]])  # a = 127, d = 1: x * 127 / a = i + 0.5 exactly
+    even = _quantised_x(x)
+    away = np.floor(x.numpy().astype(np.float64) + 0.5)
+    assert not np.array_equal(even, away)
+    w = np.ones((1, 32))
+    raw = np.concatenate([np.frombuffer(np.float16(1.0).tobytes(), np.uint8), np.ones(32, np.uint8)])[None]  # Q8_0: w = 1
+    q = QuantTensor([torch.from_numpy(np.ascontiguousarray(raw))], [BY_NAME["Q8_0"]], 32)
+    q.int8 = True
+    got = rowwise.kernel().weight_mm(x, q.arg).item()
+    assert got == pytest.approx(float((even @ w.T).item()), abs=1e-4)
+    assert got != pytest.approx(float((away @ w.T).item()), abs=1e-4)
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("synth8")
+    return write(folder / "tiny-q4_k_m.gguf", SIZES["tiny"], "q4_k_m", seed=11, progress=False)
+
+
+def test_speculative_output_on_int8_is_its_plain_decoding(synthetic):
+    from verispec import LLM, SamplingParams
+
+    path = str(synthetic)
+    prompts = [list(range(3, 40)) * 2, [5, 6, 7, 8] * 5]  # a prompt (74 tokens) and a short one (20: decoding rows)
+    params = SamplingParams(max_tokens=40, temperature=0.0)
+    plain = [o.outputs[0].token_ids for o in LLM(path, weights_format="gguf-int8").generate(prompts, params)]
+    for spec in ({"method": "prompt_lookup", "num_speculative_tokens": 4, "adaptive_k": False},
+                 {"method": "draft_model", "draft_model": path, "num_speculative_tokens": 3, "adaptive_k": False}):
+        outs = LLM(path, weights_format="gguf-int8", speculative=spec).generate(prompts, params)
+        assert [o.outputs[0].token_ids for o in outs] == plain, spec["method"]
+
+
+def test_int8_runner_verifies_rows_as_it_decodes_them(synthetic):
+    from verispec.engine.backends import RunnerConfig, build_runner
+
+    path = str(synthetic)
+    i8 = build_runner("torch", RunnerConfig(path, weights_format="gguf-int8"))
+    ex = build_runner("torch", RunnerConfig(path, weights_format="gguf"))
+    assert i8.weights_format == "gguf-int8" and i8.weight_bytes == ex.weight_bytes
+    prompt = list(range(3, 70))  # 67 tokens: the layers run the exact prompt path; the head's one row, int8
+    sa, sb = i8.open(128), ex.open(128)
+    la, lb = i8.forward(sa, prompt).logits, ex.forward(sb, prompt).logits
+    tok = [int(la[-1].argmax())]
+    da, db = i8.forward(sa, tok).logits, ex.forward(sb, tok).logits
+    for a, b in ((la, lb), (da, db)):  # another arithmetic, close to the exact one
+        assert not torch.equal(a, b) and torch.corrcoef(torch.stack([a[-1], b[-1]]))[0, 1] > 0.999
+    # a 5-row verification gives each row what decoding it alone gives
+    draft = [7, 8, 9, 10, 11]
+    rows = i8.forward(sa, draft, num_logits=5).logits
+    sc = i8.open(128)
+    i8.forward(sc, prompt)
+    i8.forward(sc, tok)
+    for j, t in enumerate(draft):
+        assert torch.equal(i8.forward(sc, [t]).logits[-1], rows[j]), f"row {j}"
+
+
+def test_int8_needs_blocks(tiny_dir):
+    from verispec.engine.backends import RunnerConfig, build_runner
+    from verispec.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="needs a .gguf model"):
+        build_runner("torch", RunnerConfig(str(tiny_dir("llama")), weights_format="gguf-int8"))
+
+
+def test_bundled_model_speculative_greedy_on_int8_is_its_plain_greedy():
+    from verispec import LLM, SamplingParams
+
+    llm = LLM("smollm2-135m", weights_format="gguf-int8")
+    prompts = ["Write three short facts about the moon.", "List the days of the week, one per line."]
+    params = SamplingParams(max_tokens=48, temperature=0.0)
+    plain = [o.outputs[0].token_ids for o in llm.chat([[{"role": "user", "content": p}] for p in prompts], params)]
+    spec = LLM("smollm2-135m", weights_format="gguf-int8",
+               speculative={"method": "prompt_lookup", "num_speculative_tokens": 5, "adaptive_k": False})
+    got = [o.outputs[0].token_ids for o in spec.chat([[{"role": "user", "content": p}] for p in prompts], params)]
+    assert got == plain and all(len(t) == 48 for t in plain)

@@ -9,8 +9,9 @@ Each (model, backend) runs in a child process of its own, so memory figures do n
 - load time; the one-row forward (ms, best of the decoding steps, after a 64-token prompt) and
   the 4-row verification forward; tokens/s of plain greedy decoding of 64 tokens;
 - the floor: bytes of weights over the memory bandwidth measured in the same run.
-Backends: torch:gguf (the file's blocks, the default), torch:float32 (dequantised; skipped for files
-above --float32-max-mib), llamacpp (the file as shipped).
+Backends: torch:gguf (the file's blocks, the default), torch:gguf-int8 (the same blocks, int8
+activations), torch:float32 (dequantised; skipped for files above --float32-max-mib), llamacpp (the
+file as shipped).
 """
 
 from __future__ import annotations

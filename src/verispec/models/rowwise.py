@@ -198,7 +198,7 @@ def _build(variant: str):
         if library.exists():
             module = _import(name, library)
         else:
-            log.warning("compiling verispec's row-wise kernels for %s (once, ~20-40 s; cached in %s)", variant, build)
+            log.warning("compiling verispec's row-wise kernels for %s (once, ~1-2 minutes; cached in %s)", variant, build)
             if build.exists():  # a build that was interrupted: start it afresh
                 shutil.rmtree(build)
             build.mkdir(parents=True)

@@ -147,6 +147,7 @@ def test_smollm2_forwards_bit_identical_across_variants(monkeypatch):
 
 
 def test_no_vector_variant_means_mkl_unless_the_reference_is_forced(monkeypatch):
+    rowwise.kernel()  # this process's choice made first, so that undoing the patches below restores it
     monkeypatch.setattr(rowwise, "supported_variants", lambda: ("scalar",))
     monkeypatch.delenv("VERISPEC_KERNELS", raising=False)  # the suite also runs with VERISPEC_KERNELS=0
     monkeypatch.delenv("VERISPEC_KERNEL_VARIANT", raising=False)

@@ -11,12 +11,14 @@ import importlib.util
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 gguf = pytest.importorskip("gguf")
 from tokenizers import Tokenizer  # noqa: E402
 
 from verispec.errors import UnsupportedModelError  # noqa: E402
+from verispec.models.gguf_file import GGUFFile  # noqa: E402
 from verispec.models.gguf_tokenizer import GGUFTokenizerInfo, tokenizer_from_gguf  # noqa: E402
 
 
@@ -85,16 +87,17 @@ MODELS = {
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def model(request):
-    """(name, ours, info, reference, reader, build seconds), built once per model."""
+    """(name, ours, info, reference, gguf-py's reader, build seconds, our GGUFFile), built once per model."""
     name = request.param
     path = MODELS[name]["path"]()
     if path is None:
         pytest.skip(f"{name} GGUF file is not installed")
     transformers = pytest.importorskip("transformers")
-    reader = gguf.GGUFReader(str(path))  # slow for Gemma (~10 s): gguf parses 262k strings
+    gf = GGUFFile(path)
     start = time.perf_counter()
-    ours, info = tokenizer_from_gguf(reader)
+    ours, info = tokenizer_from_gguf(gf.metadata)
     seconds = time.perf_counter() - start
+    reader = gguf.GGUFReader(str(path))  # slow for Gemma (~10 s): gguf-py parses 262k strings
 
     # transformers opens the file with `gguf.GGUFReader` too; hand it the reader we already have
     # (a read-only view of the same file) instead of parsing the metadata a second time. Its own
@@ -109,11 +112,30 @@ def model(request):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(gguf, "GGUFReader", shared_reader)
         reference = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    return name, ours, info, reference, reader, seconds
+    return name, ours, info, reference, reader, seconds, gf
+
+
+def test_gguf_file_matches_gguf_py(model):
+    """Our metadata reader against gguf-py's on the real file: every key's value (and its Python
+    type), the tensor table, and the tensors' data as laid out for dequantising."""
+    name, _, _, _, reader, _, gf = model
+    keys = [k for k in reader.fields if not k.startswith("GGUF.")]
+    assert list(gf.metadata) == keys
+    for key in keys:
+        want, got = reader.fields[key].contents(), gf.metadata[key]
+        assert type(got) is type(want) and got == want, key
+    assert len(gf.tensors) == len(reader.tensors) > 0
+    for ref, t in zip(reader.tensors, gf.tensors):
+        shape = tuple(int(x) for x in ref.shape)
+        assert (t.name, t.type, t.shape, t.offset, t.n_bytes) == (
+            ref.name, int(ref.tensor_type), shape, int(ref.data_offset), int(ref.n_bytes))
+    for t, ref in list(zip(gf.tensors, reader.tensors))[:12]:
+        data = gf.tensor_data(t)
+        assert data.dtype == ref.data.dtype and data.shape == ref.data.shape and np.array_equal(data, ref.data), t.name
 
 
 def test_encode_matches_transformers(model):
-    name, ours, _, reference, _, _ = model
+    name, ours, _, reference, _, _, _ = model
     mismatches = []
     for text in MODELS[name]["texts"]:
         got = ours.encode(text, add_special_tokens=False).ids
@@ -124,7 +146,7 @@ def test_encode_matches_transformers(model):
 
 
 def test_encode_with_special_tokens_matches_transformers(model):
-    name, ours, info, reference, _, _ = model
+    name, ours, info, reference, _, _, _ = model
     for text in ("Hello world", MODELS[name]["texts"][-1]):
         got = ours.encode(text).ids
         assert got == reference.encode(text), text
@@ -132,7 +154,7 @@ def test_encode_with_special_tokens_matches_transformers(model):
 
 
 def test_decode_matches_transformers_and_round_trips(model):
-    name, ours, _, reference, _, _ = model
+    name, ours, _, reference, _, _, _ = model
     for text in MODELS[name]["texts"]:
         ids = ours.encode(text, add_special_tokens=False).ids
         decoded = ours.decode(ids, skip_special_tokens=False)
@@ -142,7 +164,7 @@ def test_decode_matches_transformers_and_round_trips(model):
 
 
 def test_info(model):
-    name, ours, info, reference, _, _ = model
+    name, ours, info, reference, _, _, _ = model
     want = MODELS[name]["info"]
     assert isinstance(info, GGUFTokenizerInfo)
     assert info.bos_token_id == want["bos"] == reference.bos_token_id
@@ -158,7 +180,7 @@ def test_info(model):
 
 
 def test_vocabulary_and_special_tokens(model):
-    name, ours, _, reference, _, _ = model
+    name, ours, _, reference, _, _, _ = model
     assert ours.get_vocab_size(with_added_tokens=True) == len(reference)
     turn_end = MODELS[name]["info"]["turn_end"]
     # a control token stays whole and is special (dropped by skip_special_tokens)
@@ -175,14 +197,14 @@ def test_vocabulary_and_special_tokens(model):
 
 
 def test_serialised_tokenizer_behaves_the_same(model):
-    name, ours, _, _, _, _ = model
+    name, ours, _, _, _, _, _ = model
     again = Tokenizer.from_str(ours.to_str())
     for text in MODELS[name]["texts"]:
         assert again.encode(text).ids == ours.encode(text).ids, text
 
 
 def test_build_is_fast(model):
-    name, _, _, _, _, seconds = model
+    name, _, _, _, _, seconds, _ = model
     # Gemma (262,144 tokens, ~515k derived merges) takes ~2 s here; a generous bound for busy CPUs.
     assert seconds < 30, f"{name}: building took {seconds:.1f}s"
 
@@ -195,7 +217,7 @@ def test_spaces_before_digits(model):
     off first, so a run of spaces before a digit stays one "ĠĠ" token where transformers gives
     "Ġ", "Ġ" (and " ½" gives "Ġ", "½"). We follow the original. Gemma has no such rule and must match.
     """
-    name, ours, _, reference, _, _ = model
+    name, ours, _, reference, _, _, _ = model
     text = "a  1 and b   22"
     enc = ours.encode(text, add_special_tokens=False)
     ref_ids = reference.encode(text, add_special_tokens=False)
@@ -213,40 +235,20 @@ def test_spaces_before_digits(model):
 # Unsupported / synthetic metadata
 
 
-class _Field:
-    """The part of gguf.ReaderField that tokenizer_from_gguf uses."""
-
-    def __init__(self, value):
-        self.value = value
-        self.types = [gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING] if isinstance(value, list) else []
-
-    def contents(self):
-        return self.value
-
-
-class _Reader:
-    def __init__(self, fields: dict):
-        self.fields = {k: _Field(v) for k, v in fields.items()}
-
-
 def test_unsupported_tokenizer_model_raises(model):
     """The real file's metadata with only tokenizer.ggml.model changed to a type we do not build."""
-    _, _, _, _, reader, _ = model
-
-    class Swapped:
-        fields = dict(reader.fields)
-
+    *_, gf = model
     for kind in ("t5", "bert", "rwkv"):
-        Swapped.fields["tokenizer.ggml.model"] = _Field(kind)
+        swapped = {**gf.metadata, "tokenizer.ggml.model": kind}
         with pytest.raises(UnsupportedModelError, match=repr(kind)):
-            tokenizer_from_gguf(Swapped)
+            tokenizer_from_gguf(swapped)
 
 
 def test_missing_tokenizer_raises():
     with pytest.raises(UnsupportedModelError, match="no tokenizer"):
-        tokenizer_from_gguf(_Reader({"general.architecture": "llama"}))
+        tokenizer_from_gguf(dict({"general.architecture": "llama"}))
     with pytest.raises(UnsupportedModelError, match="'plamo2'"):
-        tokenizer_from_gguf(_Reader({"tokenizer.ggml.model": "plamo2", "tokenizer.ggml.tokens": ["a", "b"]}))
+        tokenizer_from_gguf(dict({"tokenizer.ggml.model": "plamo2", "tokenizer.ggml.tokens": ["a", "b"]}))
 
 
 def _byte_alphabet() -> list[str]:
@@ -270,7 +272,7 @@ def test_byte_level_split_follows_pre(pre, pieces, llama3_like):
 
     tokens = ["<|endoftext|>"] + _byte_alphabet()
     tok, info = tokenizer_from_gguf(
-        _Reader(
+        dict(
             {
                 "tokenizer.ggml.model": "gpt2",
                 "tokenizer.ggml.pre": pre,
@@ -299,7 +301,7 @@ def test_sentencepiece_with_space_prefix():
     types = [2, 3, 3] + [6] * 256 + [1] * 6
     scores = [0.0] * 259 + [-1.0, -2.0, -3.0, -5.0, -4.0, -6.0]
     tok, info = tokenizer_from_gguf(
-        _Reader(
+        dict(
             {
                 "general.architecture": "llama",
                 "tokenizer.ggml.model": "llama",
@@ -348,7 +350,7 @@ def test_long_texts_encode_the_same_through_the_gil_free_path(model):
     GIL); the ids are the short path's."""
     from verispec.models.tokenizer import LONG_TEXT, Tokenizer
 
-    name, ours, info, _, _, _ = model
+    name, ours, info, _, _, _, _ = model
     text = " ".join(MODELS[name]["texts"]) * (LONG_TEXT // 200 + 1)
     assert len(text) > LONG_TEXT
     wrapped = Tokenizer(ours, info.bos_token_id, info.eos_token_ids, info.add_bos_token, None)

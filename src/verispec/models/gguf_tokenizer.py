@@ -26,14 +26,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from verispec.errors import UnsupportedModelError
-
-if TYPE_CHECKING:  # pragma: no cover
-    import gguf
 
 logger = logging.getLogger(__name__)
 
@@ -76,23 +74,8 @@ class GGUFTokenizerInfo:
 # Reading metadata
 
 
-def _field(reader: Any, key: str) -> Any:
-    """The field's value (a scalar, a str, or a list for arrays), or None when absent."""
-    field = reader.fields.get(key)
-    if field is None:
-        return None
-    try:
-        return field.contents()
-    except UnicodeDecodeError:
-        # A string (or array of strings) that is not valid UTF-8: decode leniently.
-        parts, data = field.parts, field.data
-        if len(field.types) > 1:  # array of strings
-            return [bytes(parts[i]).decode("utf-8", errors="replace") for i in data]
-        return bytes(parts[-1]).decode("utf-8", errors="replace")
-
-
-def _token_id(reader: Any, key: str, n_tokens: int) -> int | None:
-    value = _field(reader, key)
+def _token_id(meta: Mapping[str, Any], key: str, n_tokens: int) -> int | None:
+    value = meta.get(key)
     if value is None:
         return None
     value = int(value)
@@ -211,7 +194,7 @@ def _byte_level_pre_tokenizer(spec: _PreSpec) -> pre_tokenizers.PreTokenizer:
 
 
 def _byte_level_tokenizer(
-    reader: Any, tokens: list[str], token_types: list[int]
+    meta: Mapping[str, Any], tokens: list[str], token_types: list[int]
 ) -> tuple[Tokenizer, list[AddedToken], list[str], bool]:
     """(tokenizer without added tokens, added tokens, vocab spelling, default add_bos)."""
     spelling = _bytes_to_unicode()
@@ -223,7 +206,7 @@ def _byte_level_tokenizer(
     ]
     vocab = {t: i for i, t in enumerate(spelled)}
 
-    raw_merges = _field(reader, "tokenizer.ggml.merges")
+    raw_merges = meta.get("tokenizer.ggml.merges")
     if raw_merges is not None:
         merges = []
         for m in raw_merges:
@@ -235,7 +218,7 @@ def _byte_level_tokenizer(
         logger.info("GGUF byte-level tokenizer has no merges; deriving them from the vocabulary")
         merges = _derive_merges(vocab, None)
 
-    pre_name = _field(reader, "tokenizer.ggml.pre") or "default"
+    pre_name = meta.get("tokenizer.ggml.pre") or "default"
     spec = _BYTE_LEVEL_PRE.get(pre_name)
     if spec is None:
         logger.warning(
@@ -301,11 +284,11 @@ def _derive_merges(vocab: dict[str, int], scores: dict[str, float] | None) -> li
 
 
 def _spm_tokenizer(
-    reader: Any, tokens: list[str], token_types: list[int], unk_id: int | None
+    meta: Mapping[str, Any], tokens: list[str], token_types: list[int], unk_id: int | None
 ) -> tuple[Tokenizer, list[AddedToken], list[str], bool]:
-    arch = str(_field(reader, "general.architecture") or "")
+    arch = str(meta.get("general.architecture") or "")
     gemma = arch.startswith("gemma")
-    scores = _field(reader, "tokenizer.ggml.scores")
+    scores = meta.get("tokenizer.ggml.scores")
     if scores is not None and len(scores) != len(tokens):
         raise UnsupportedModelError(
             f"GGUF tokenizer has {len(scores)} scores for {len(tokens)} tokens"
@@ -318,7 +301,7 @@ def _spm_tokenizer(
         spelled = [_SPIECE_SPACE * len(t) if " " in t and not t.strip() else t for t in tokens]
     vocab = {t: i for i, t in enumerate(spelled)}
 
-    raw_merges = _field(reader, "tokenizer.ggml.merges")
+    raw_merges = meta.get("tokenizer.ggml.merges")
     if raw_merges is not None:
         merges = [tuple(m.split(" ", 1)) for m in raw_merges]
     elif gemma or scores is None:
@@ -338,7 +321,7 @@ def _spm_tokenizer(
         )
     )
     # llama.cpp defaults add_space_prefix to true for SentencePiece vocabularies.
-    add_space_prefix = _field(reader, "tokenizer.ggml.add_space_prefix")
+    add_space_prefix = meta.get("tokenizer.ggml.add_space_prefix")
     add_space_prefix = True if add_space_prefix is None else bool(add_space_prefix)
     decode_steps = [decoders.Replace(_SPIECE_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
     if add_space_prefix:
@@ -393,8 +376,8 @@ def _post_processor(
     return processors.TemplateProcessing(single=single, pair=pair, special_tokens=specials)
 
 
-def tokenizer_from_gguf(reader: "gguf.GGUFReader") -> tuple[Tokenizer, GGUFTokenizerInfo]:
-    """Build the model's tokenizer from a GGUF file's metadata.
+def tokenizer_from_gguf(meta: Mapping[str, Any]) -> tuple[Tokenizer, GGUFTokenizerInfo]:
+    """Build the model's tokenizer from a GGUF file's metadata (`GGUFFile.metadata`: key -> value).
 
     The returned tokenizer's post-processor adds BOS (and EOS) as the file asks
     (`tokenizer.ggml.add_bos_token` / `add_eos_token`), as transformers' tokenizer does; use
@@ -403,7 +386,7 @@ def tokenizer_from_gguf(reader: "gguf.GGUFReader") -> tuple[Tokenizer, GGUFToken
     Raises UnsupportedModelError for a tokenizer type other than "gpt2" / "llama", or for
     missing / inconsistent tokenizer metadata.
     """
-    model_type = _field(reader, "tokenizer.ggml.model")
+    model_type = meta.get("tokenizer.ggml.model")
     if model_type is None:
         raise UnsupportedModelError("GGUF file has no tokenizer (no tokenizer.ggml.model key)")
     model_type = str(model_type)
@@ -412,25 +395,25 @@ def tokenizer_from_gguf(reader: "gguf.GGUFReader") -> tuple[Tokenizer, GGUFToken
             f"GGUF tokenizer model {model_type!r} is not supported; supported: "
             "'gpt2' (byte-level BPE) and 'llama' (SentencePiece BPE)"
         )
-    tokens = _field(reader, "tokenizer.ggml.tokens")
+    tokens = meta.get("tokenizer.ggml.tokens")
     if not tokens:
         raise UnsupportedModelError("GGUF file has no tokenizer vocabulary (tokenizer.ggml.tokens)")
     n = len(tokens)
-    token_types = _field(reader, "tokenizer.ggml.token_type")
+    token_types = meta.get("tokenizer.ggml.token_type")
     if token_types is None:
         token_types = [_NORMAL] * n
     elif len(token_types) != n:
         raise UnsupportedModelError(f"GGUF tokenizer has {len(token_types)} token types for {n} tokens")
 
-    bos_id = _token_id(reader, "tokenizer.ggml.bos_token_id", n)
-    eos_id = _token_id(reader, "tokenizer.ggml.eos_token_id", n)
-    unk_id = _token_id(reader, "tokenizer.ggml.unknown_token_id", n)
-    pad_id = _token_id(reader, "tokenizer.ggml.padding_token_id", n)
+    bos_id = _token_id(meta, "tokenizer.ggml.bos_token_id", n)
+    eos_id = _token_id(meta, "tokenizer.ggml.eos_token_id", n)
+    unk_id = _token_id(meta, "tokenizer.ggml.unknown_token_id", n)
+    pad_id = _token_id(meta, "tokenizer.ggml.padding_token_id", n)
 
     if model_type == "gpt2":
-        tok, added, spelled, default_add_bos = _byte_level_tokenizer(reader, tokens, token_types)
+        tok, added, spelled, default_add_bos = _byte_level_tokenizer(meta, tokens, token_types)
     else:
-        tok, added, spelled, default_add_bos = _spm_tokenizer(reader, tokens, token_types, unk_id)
+        tok, added, spelled, default_add_bos = _spm_tokenizer(meta, tokens, token_types, unk_id)
 
     # bos/eos/unk/pad are special whatever type the file gives them (transformers adds them as
     # its special tokens); most files already mark them CONTROL.
@@ -446,9 +429,9 @@ def tokenizer_from_gguf(reader: "gguf.GGUFReader") -> tuple[Tokenizer, GGUFToken
     if plain:
         tok.add_tokens(plain)
 
-    add_bos = _field(reader, "tokenizer.ggml.add_bos_token")
+    add_bos = meta.get("tokenizer.ggml.add_bos_token")
     add_bos = default_add_bos if add_bos is None else bool(add_bos)
-    add_eos = bool(_field(reader, "tokenizer.ggml.add_eos_token") or False)
+    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token") or False)
     tok.post_processor = _post_processor(
         (spelled[bos_id], bos_id) if add_bos and bos_id is not None else None,
         (spelled[eos_id], eos_id) if add_eos and eos_id is not None else None,
@@ -458,8 +441,8 @@ def tokenizer_from_gguf(reader: "gguf.GGUFReader") -> tuple[Tokenizer, GGUFToken
     extra = {
         i
         for i in (
-            _token_id(reader, "tokenizer.ggml.eot_token_id", n),
-            _token_id(reader, "tokenizer.ggml.eom_token_id", n),
+            _token_id(meta, "tokenizer.ggml.eot_token_id", n),
+            _token_id(meta, "tokenizer.ggml.eom_token_id", n),
         )
         if i is not None
     }
@@ -470,7 +453,7 @@ def tokenizer_from_gguf(reader: "gguf.GGUFReader") -> tuple[Tokenizer, GGUFToken
             extra.add(i)
     eos_ids.extend(sorted(extra - set(eos_ids)))
 
-    chat_template = _field(reader, "tokenizer.chat_template")
+    chat_template = meta.get("tokenizer.chat_template")
     info = GGUFTokenizerInfo(
         bos_token_id=bos_id,
         eos_token_id=eos_id,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import jinja2.sandbox
 import tokenizers
 
 from verispec.errors import ChatTemplateError
+from verispec.models.heap import return_freed_heap
 
 log = logging.getLogger("verispec")
 
@@ -30,6 +32,7 @@ GEMMA_FALLBACK_TEMPLATE = (
 
 
 LONG_TEXT = 16384  # characters
+
 
 
 class Tokenizer:
@@ -64,11 +67,13 @@ class Tokenizer:
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
-    def from_gguf(cls, reader) -> "Tokenizer":
+    def from_gguf(cls, meta: Mapping[str, Any]) -> "Tokenizer":
+        """From a GGUF file's metadata (`GGUFFile.metadata`)."""
         from verispec.models.gguf_tokenizer import tokenizer_from_gguf
 
-        tok, info = tokenizer_from_gguf(reader)
-        arch = reader.fields["general.architecture"].contents()
+        tok, info = tokenizer_from_gguf(meta)
+        arch = str(meta.get("general.architecture") or "")
+        return_freed_heap()
         return cls(
             tok,
             info.bos_token_id,
@@ -86,6 +91,7 @@ class Tokenizer:
 
             raise ModelNotFoundError(f"{path} has no tokenizer.json")
         tok = tokenizers.Tokenizer.from_file(str(tok_file))
+        return_freed_heap()
         cfg: dict[str, Any] = {}
         if (path / "tokenizer_config.json").exists():
             cfg = json.loads((path / "tokenizer_config.json").read_text())
@@ -124,7 +130,9 @@ class Tokenizer:
     def load(cls, folder: Path) -> "Tokenizer":
         meta = json.loads((folder / "tokenizer_meta.json").read_text())
         meta["eos_token_ids"] = tuple(meta["eos_token_ids"])
-        return cls(tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json")), **meta)
+        tok = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+        return_freed_heap()
+        return cls(tok, **meta)
 
     # -- use ----------------------------------------------------------------------------------
     def _encode(self, text: str, add_special_tokens: bool):

@@ -60,6 +60,7 @@ import torch.nn.functional as F
 
 from verispec.models import rowwise
 from verispec.models.config import SLIDING, ModelConfig, RopeConfig
+from verispec.models.heap import return_freed_heap
 from verispec.models.kv_cache import KVCache
 from verispec.models.quant import QuantTensor
 
@@ -309,6 +310,7 @@ class Transformer:
         if batch_invariant:
             first = self.layers[0]
             self.invariant_width = probe_invariant_width([first.qkv, first.o, first.gate_up, first.down, self.lm_head], widest)
+            return_freed_heap()  # the probe's logits over the whole vocabulary (Gemma 3: ~24 MiB)
             if self.invariant_width < widest:
                 print(f"[verispec] batch invariance: products keep rows apart only up to "
                       f"{self.invariant_width} row(s) here; verification runs in products that narrow", file=sys.stderr)

@@ -8,6 +8,7 @@ built once per module (transformers takes several seconds per file).
 from __future__ import annotations
 
 import importlib.util
+import json
 import time
 from pathlib import Path
 
@@ -199,8 +200,17 @@ def test_vocabulary_and_special_tokens(model):
 def test_serialised_tokenizer_behaves_the_same(model):
     name, ours, _, _, _, _, _ = model
     again = Tokenizer.from_str(ours.to_str())
+    # the cache's form (models/tokenizer.py): merges as "left right" strings, which parse faster
+    from verispec.models.tokenizer import _with_string_merges
+
+    cached = _with_string_merges(ours.to_str())
+    assert isinstance(json.loads(cached)["model"]["merges"][0], str)
+    fast = Tokenizer.from_str(cached)
+    assert fast.get_vocab() == ours.get_vocab()
     for text in MODELS[name]["texts"]:
         assert again.encode(text).ids == ours.encode(text).ids, text
+        assert fast.encode(text).ids == ours.encode(text).ids, text
+        assert fast.decode(fast.encode(text).ids, skip_special_tokens=False) == ours.decode(ours.encode(text).ids, skip_special_tokens=False)
 
 
 def test_build_is_fast(model):
@@ -268,8 +278,6 @@ def _byte_alphabet() -> list[str]:
     ],
 )
 def test_byte_level_split_follows_pre(pre, pieces, llama3_like):
-    import json
-
     tokens = ["<|endoftext|>"] + _byte_alphabet()
     tok, info = tokenizer_from_gguf(
         dict(
@@ -355,3 +363,26 @@ def test_long_texts_encode_the_same_through_the_gil_free_path(model):
     assert len(text) > LONG_TEXT
     wrapped = Tokenizer(ours, info.bos_token_id, info.eos_token_ids, info.add_bos_token, None)
     assert wrapped.encode(text) == ([info.bos_token_id] if info.add_bos_token else []) + ours.encode(text, add_special_tokens=False).ids
+
+
+def test_string_merges_rewrite_keeps_the_tokenizer():
+    """The cache's merges rewrite: pairs -> "left right" strings (escapes kept), and the text left
+    as it is where a piece holds a space or the merges are not pairs."""
+    from verispec.models.tokenizer import _with_string_merges
+
+    vocab = {"a": 0, "b": 1, "\n": 2, '"': 3, "ab": 4, "\n\n": 5, 'a"': 6, "ab\n\n": 7}
+    merges = [("a", "b"), ("\n", "\n"), ("a", '"'), ("ab", "\n\n")]
+    from tokenizers import models
+
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    text = tok.to_str()
+    rewritten = _with_string_merges(text)
+    assert json.loads(rewritten)["model"]["merges"] == ["a b", "\n \n", 'a "', "ab \n\n"]
+    again = Tokenizer.from_str(rewritten)
+    for s in ["ab", "a\n\nab\n\n", 'a"b', "ba\n"]:
+        assert again.encode(s).ids == tok.encode(s).ids, s
+    assert _with_string_merges(rewritten) == rewritten  # already strings
+    spaced = Tokenizer(models.BPE(vocab={"a": 0, " ": 1, "a ": 2}, merges=[("a", " ")])).to_str()
+    assert _with_string_merges(spaced) == spaced
+    no_merges = Tokenizer(models.WordLevel(vocab={"a": 0, "[UNK]": 1}, unk_token="[UNK]")).to_str()
+    assert _with_string_merges(no_merges) == no_merges

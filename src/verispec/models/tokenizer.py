@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,31 @@ GEMMA_FALLBACK_TEMPLATE = (
 
 LONG_TEXT = 16384  # characters
 
+
+
+_JSON_STRING = r'"(?:[^"\\]|\\.)*"'
+_MERGE_PAIR = re.compile(rf"\[({_JSON_STRING}),({_JSON_STRING})\]")
+
+
+def _with_string_merges(text: str) -> str:
+    """A tokenizer.json with its BPE merges written as "left right" strings instead of pairs,
+    where no piece holds a space: the same tokenizer, which `tokenizers` parses faster (Gemma 3's
+    514,906 merges: a load ~0.75 -> ~0.55 s). Rewritten in the text, not through json: parsing
+    the whole file into Python objects would take ~200 MiB."""
+    at = text.find('"merges":[')
+    if at < 0:
+        return text
+    start = pos = at + len('"merges":[')
+    merges = []
+    while (m := _MERGE_PAIR.match(text, pos)) is not None:
+        left, right = m.group(1), m.group(2)
+        if " " in left or " " in right:
+            return text
+        merges.append(f"{left[:-1]} {right[1:]}")
+        pos = m.end() + (text.startswith(",", m.end()))
+    if not merges or not text.startswith("]", pos):  # not pairs (already strings, or another layout)
+        return text
+    return text[:start] + ",".join(merges) + text[pos:]
 
 
 class Tokenizer:
@@ -115,7 +141,7 @@ class Tokenizer:
         return cls(tok, token_id(cfg.get("bos_token")), eos_ids, False, template, use_post_processor=True)
 
     def save(self, folder: Path) -> None:
-        (folder / "tokenizer.json").write_text(self.tok.to_str())
+        (folder / "tokenizer.json").write_text(_with_string_merges(self.tok.to_str()), encoding="utf-8")
         meta = dict(
             bos_token_id=self.bos_token_id,
             eos_token_ids=list(self.eos_token_ids),
@@ -128,6 +154,7 @@ class Tokenizer:
 
     @classmethod
     def load(cls, folder: Path) -> "Tokenizer":
+        """A tokenizer saved by `save` (Gemma 3's: ~0.6 s, its 262,144 tokens parsed)."""
         meta = json.loads((folder / "tokenizer_meta.json").read_text())
         meta["eos_token_ids"] = tuple(meta["eos_token_ids"])
         tok = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))

@@ -94,13 +94,15 @@ int main() {
   out(y.data(), R * outs);
   float d = vs::dot(x.data(), w.data(), in);
   out(&d, 1);
-  const int D = 24, S = 37;
-  std::vector<float> q(D), k(S * D), v(S * D), o(D), qs(D), scores(S);
-  for (auto& a : q) a = 3 * next();
-  for (auto& a : k) a = next();
-  for (auto& a : v) a = next();
-  vs::attend(q.data(), k.data(), v.data(), o.data(), 2, S - 1, D, 0.2f, qs.data(), scores.data());
-  out(o.data(), D);
+  // D not whole vectors (24), whole ones (the blocked scores: sum_block) with values in registers (64, 128, 256)
+  for (const auto& [D, S] : {std::pair<int, int>{24, 37}, {64, 37}, {256, 70}, {128, 18}, {64, 16}}) {
+    std::vector<float> q(D), k(S * D), v(S * D), o(D), qs(D), scores(S);
+    for (auto& a : q) a = 3 * next();
+    for (auto& a : k) a = next();
+    for (auto& a : v) a = next();
+    vs::attend(q.data(), k.data(), v.data(), o.data(), 2, S - 1, D, 0.2f, qs.data(), scores.data());
+    out(o.data(), D);
+  }
   std::vector<float> g(50), u(50), m(50), n(50);
   for (int i = 0; i < 50; ++i) { g[i] = 8 * next(); u[i] = next(); }
   g[0] = -200.0f; g[1] = 200.0f; g[2] = -87.5f;

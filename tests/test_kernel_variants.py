@@ -82,7 +82,7 @@ def test_products_bit_identical_across_variants(kernels, out, inp):
         _assert_all_equal({v: k.rows_mm(x[:R], w) for v, k in kernels.items()}, f"rows_mm {R}x{inp} @ {out}")
 
 
-@pytest.mark.parametrize("H,KVH,D,window", [(4, 1, 64, 0), (9, 3, 24, 5), (2, 2, 8, 0)])
+@pytest.mark.parametrize("H,KVH,D,window", [(4, 1, 64, 0), (9, 3, 24, 5), (2, 2, 8, 0), (4, 1, 256, 0), (8, 2, 128, 20), (3, 3, 48, 0)])
 def test_attention_bit_identical_across_variants(kernels, H, KVH, D, window):
     g = torch.Generator().manual_seed(H + D + window)
     keys, values = torch.randn(KVH, 50, D, generator=g), torch.randn(KVH, 50, D, generator=g)

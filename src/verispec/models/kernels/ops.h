@@ -4,7 +4,8 @@
 //   dot(a, b)    acc = 0; for each 16-float block of the inputs, in order: acc = fma(a, b, acc)
 //                (a short last block: zeros beyond the end); the sum tree of acc
 //   products     y[r, o] = dot(w[o], x[r]) for a block of outputs and up to 8 rows
-//   attend       one query row over its keys (attend_slots: keys stored out of order, for trees): scores = dot(q * scale, k_j), their maximum,
+//   attend       one query row over its keys (attend_slots: keys stored out of order, for trees): scores = dot(q * scale, k_j)
+//                (kSumBlock keys at a time where D is whole vectors: vec.h's sum_block, the same bits), their maximum,
 //                e^(s - max) (vs::exp) summed in 16 lanes then the tree, the values' weighted sum
 //                key by key in order, divided by that sum
 //   rmsnorm      y = (x * r) * w, r = 1 / sqrt(dot(x, x) / n + eps)
@@ -63,6 +64,25 @@ constexpr int outputs_per_block() {
   return kRegisters >= 32 ? ob : (ob / 2 > 0 ? ob / 2 : 1);
 }
 
+// attend's weighted sum of the values and its division, with out[0..D) held in registers for
+// D == kD (where they hold it): the same fma per value, key by key, as through memory. False
+// (nothing done) for another D.
+template <int kD, class Slot>
+inline bool weigh_values(const float* scores, const float* values, float* out, int64_t first, int64_t S, int64_t D, float total, Slot slot) {
+  constexpr int n = kD / 16;
+  if (D != kD || n > kRegisters / 2) return false;
+  V o[n];
+  for (int c = 0; c < n; ++c) o[c] = zero();
+  for (int64_t k = 0; k < S; ++k) {
+    const V p = set1(scores[k]);
+    const float* v = values + slot(first + k) * D;
+    for (int c = 0; c < n; ++c) o[c] = fmadd(p, load(v + 16 * c), o[c]);
+  }
+  const V t = set1(total);
+  for (int c = 0; c < n; ++c) store(out + 16 * c, div(o[c], t));
+  return true;
+}
+
 // out[0..D) = softmax over keys first..last of (q * scale) . k, applied to the values; key
 // (position) j is stored at row slot(j) of keys and values. A chain's slot is the identity; a
 // token tree's node sees its ancestors, stored wherever the tree put them (rowwise.cpp): the
@@ -72,11 +92,21 @@ inline void attend_slots(const float* q, const float* keys, const float* values,
                          int64_t D, float scale, float* qs, float* scores, Slot slot) {
   for (int64_t d = 0; d < D; ++d) qs[d] = q[d] * scale;
   const int64_t S = last - first + 1;
-  float mx = -INFINITY;
-  for (int64_t j = 0; j < S; ++j) {
-    scores[j] = dot(qs, keys + slot(first + j) * D, D);
-    mx = scores[j] > mx ? scores[j] : mx;
+  int64_t j0 = 0;
+  if (D % 16 == 0) {  // kSumBlock keys at a time: each key's dot as dot() forms it, the sums together
+    for (; j0 + kSumBlock <= S; j0 += kSumBlock) {
+      V acc[kSumBlock];
+      for (int m = 0; m < kSumBlock; ++m) acc[m] = zero();
+      for (int64_t i = 0; i < D; i += 16) {
+        const V qv = load(qs + i);
+        for (int m = 0; m < kSumBlock; ++m) acc[m] = fmadd(qv, load(keys + slot(first + j0 + m) * D + i), acc[m]);
+      }
+      sum_block(acc, scores + j0);
+    }
   }
+  for (int64_t j = j0; j < S; ++j) scores[j] = dot(qs, keys + slot(first + j) * D, D);
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < S; ++j) mx = scores[j] > mx ? scores[j] : mx;
   const V vmx = set1(mx);
   V vsum = zero();
   int64_t j = 0;
@@ -96,6 +126,9 @@ inline void attend_slots(const float* q, const float* keys, const float* values,
     vsum = add(vsum, e);
   }
   const float total = sum(vsum);
+  if (weigh_values<64>(scores, values, out, first, S, D, total, slot) || weigh_values<128>(scores, values, out, first, S, D, total, slot) ||
+      weigh_values<256>(scores, values, out, first, S, D, total, slot))
+    return;
   for (int64_t d = 0; d < D; ++d) out[d] = 0.0f;
   for (int64_t k = 0; k < S; ++k) {
     const V p = set1(scores[k]);

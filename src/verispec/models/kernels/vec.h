@@ -70,6 +70,25 @@ inline float sum(V a) {
   const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
+// out[m] = sum(a[m]) for 16 vectors, the same additions as sum's tree (lane l with l + 8, then
+// l + 4, l + 2, l + 1), done for all 16 at once: each step adds the halves of two vectors' lanes
+constexpr int kSumBlock = 16;  // vectors sum_block reduces together (1: sum one by one)
+inline void sum_block(const V* a, float* out) {
+  __m512 s8[8], s4[4], s2[2];
+  for (int m = 0; m < 8; ++m)  // [a[2m] lanes 0-7 + 8-15, a[2m + 1] lanes 0-7 + 8-15]
+    s8[m] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * m].v, a[2 * m + 1].v, _MM_SHUFFLE(1, 0, 1, 0)),
+                          _mm512_shuffle_f32x4(a[2 * m].v, a[2 * m + 1].v, _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int m = 0; m < 4; ++m)  // 4 lanes each of vectors 4m .. 4m + 3
+    s4[m] = _mm512_add_ps(_mm512_shuffle_f32x4(s8[2 * m], s8[2 * m + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                          _mm512_shuffle_f32x4(s8[2 * m], s8[2 * m + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int m = 0; m < 2; ++m)  // 128-bit lane g: 2 lanes of vector 8m + g, then of 8m + 4 + g
+    s2[m] = _mm512_add_ps(_mm512_shuffle_ps(s4[2 * m], s4[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                          _mm512_shuffle_ps(s4[2 * m], s4[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  // lane 4g + k: vector 4k + g
+  const __m512 s1 = _mm512_add_ps(_mm512_shuffle_ps(s2[0], s2[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_ps(s2[0], s2[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  _mm512_storeu_ps(out, _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), s1));
+}
 inline void prefetch(const float* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
 // Unpacking (quant.h): B16 is 16 bytes zero-extended to 32-bit lanes; bits(b, shift, mask) the
 // lanes ((b >> shift) & mask) as floats; from_i8 16 int8 as floats; word_bits bits first.. of w
@@ -325,6 +344,13 @@ inline V lookup32(V lo, V hi, B16 b, int shift, B16 h, int hshift) {
 }
 inline V q6(B16 a, int shift, B16 h, int hshift) { VS_EACH(static_cast<float>((((a.b[i] >> shift) & 15) | (((h.b[i] >> hshift) & 3) << 4)) - 32)); }
 #undef VS_EACH
+#endif
+
+#if !defined(VERISPEC_AVX512)
+constexpr int kSumBlock = 4;
+inline void sum_block(const V* a, float* out) {
+  for (int m = 0; m < kSumBlock; ++m) out[m] = sum(a[m]);
+}
 #endif
 
 // e^x in 16 lanes: x = n ln2 + r (|r| <= ln2 / 2, ln2 in two parts), the degree-6 Taylor

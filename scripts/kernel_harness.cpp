@@ -102,6 +102,21 @@ int main() {
     for (auto& a : v) a = next();
     vs::attend(q.data(), k.data(), v.data(), o.data(), 2, S - 1, D, 0.2f, qs.data(), scores.data());
     out(o.data(), D);
+    // attend_many: four queries over the same keys, ranges apart; each must equal attend's
+    std::vector<float> q3(4 * D), o3(4 * D), qs3(4 * D), s3(4 * S), one(D);
+    for (auto& a : q3) a = 3 * next();
+    const int64_t firsts[4] = {0, 2, 5, 0}, lasts[4] = {S - 1, S - 3, S / 2, S - 2};
+    std::vector<vs::Query> queries;
+    for (int i = 0; i < 4; ++i) queries.push_back({q3.data() + i * D, o3.data() + i * D, firsts[i], lasts[i], qs3.data() + i * D, s3.data() + i * S});
+    vs::attend_many(queries.data(), 4, k.data(), v.data(), D, 0.2f);
+    out(o3.data(), 4 * D);
+    for (int i = 0; i < 4; ++i) {
+      vs::attend(q3.data() + i * D, k.data(), v.data(), one.data(), firsts[i], lasts[i], D, 0.2f, qs.data(), scores.data());
+      if (std::memcmp(one.data(), o3.data() + i * D, D * sizeof(float)) != 0) {
+        std::fprintf(stderr, "attend_many differs from attend (D %d, query %d)\n", D, i);
+        return 1;
+      }
+    }
   }
   std::vector<float> g(50), u(50), m(50), n(50);
   for (int i = 0; i < 50; ++i) { g[i] = 8 * next(); u[i] = next(); }

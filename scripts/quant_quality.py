@@ -65,6 +65,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from verispec import LLM, SamplingParams
+    from verispec.bench.report import print_and_save
     from verispec.data import sharegpt_heldout
     from verispec.engine.backends import RunnerConfig, build_runner
     from verispec.models.rowwise import cpu_name, kernel
@@ -112,11 +113,7 @@ def main() -> int:
         lines.append(f"| {model} | {n} | {ppl['exact']:.3f} | {ppl['int8']:.3f} | {100 * (ppl['int8'] / ppl['exact'] - 1):+.2f}% | "
                      f"{kl / n:.5f} | {100 * agree / n:.2f}% | {same}/{len(chats)} | {sum(prefix) / len(prefix):.1f} / {mean_len:.1f} |")
         print(lines[-1], file=sys.stderr, flush=True)
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+    print_and_save(lines, args.out)
     return 0
 
 

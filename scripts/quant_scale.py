@@ -79,6 +79,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=900)
     args = ap.parse_args()
     from verispec.bench.profile import measure_bandwidth
+    from verispec.bench.report import print_and_save
     from verispec.models.registry import resolve
     from verispec.models.rowwise import cpu_name
 
@@ -112,11 +113,7 @@ def main() -> int:
     lines += ["", "floor: the GGUF file's bytes over the measured bandwidth (every weight read once a token); "
               "peak RSS: the child's peak (VmHWM, reset after imports) minus its RSS after imports (load + 64-token prompt + 64 decoding steps + "
               "six 4-row forwards); load s: a later load (the file's metadata cache filled before)."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+    print_and_save(lines, args.out)
     return 0
 
 

@@ -154,6 +154,25 @@ def test_int8_runner_verifies_rows_as_it_decodes_them(synthetic):
         assert torch.equal(i8.forward(sc, [t]).logits[-1], rows[j]), f"row {j}"
 
 
+def test_int8_formats_are_the_ones_the_kernel_defines():
+    """INT8_FORMATS (which parts QuantTensor flags) is what quant8.h defines: the kernel multiplies
+    each of them with int8 activations and refuses the flag on every other block format."""
+    k = rowwise.kernel()
+    if k is None:
+        pytest.skip("no row-wise kernel")
+    rng = np.random.default_rng(0)
+    x = torch.randn(1, 256)
+    for t, (name, _, nbytes) in FORMATS.items():
+        if t == 0:
+            continue
+        raw = torch.from_numpy(rng.integers(0, 256, size=(4, 256 // FORMATS[t][1] * nbytes), dtype=np.uint8))
+        if t in INT8_FORMATS:
+            assert k.weight_mm(x, ([raw], [t + INT8])).shape == (1, 4), name
+        else:
+            with pytest.raises(RuntimeError, match="no int8-activation products"):
+                k.weight_mm(x, ([raw], [t + INT8]))
+
+
 def test_int8_needs_blocks(tiny_dir):
     from verispec.engine.backends import RunnerConfig, build_runner
     from verispec.errors import ConfigError

@@ -17,6 +17,15 @@ from verispec.bench.run import BenchResult, Record, split_family, subtasks_in
 PEERS = ("hf", "hf_prompt_lookup", "hf_assisted", "llamacpp", "llamacpp_prompt_lookup")
 
 
+def print_and_save(lines: list[str], out: Path | None) -> None:
+    """A measuring script's table: printed, and written to `out` when given (its folder made)."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+
+
 def _by(records: list[Record], method: str, sub: str | None = None) -> list[Record]:
     return [r for r in records if r.method == method and (sub is None or r.subtask == sub)]
 

@@ -32,7 +32,7 @@ FORMATS: dict[int, tuple[str, int, int]] = {
 }
 F32 = 0
 INT8 = 256  # added to a part's type in the kernels' Weight: products with int8 activations (kernels/quant8.h)
-INT8_FORMATS = frozenset({2, 3, 6, 7, 8, 12, 13, 14})  # the block formats quant8.h multiplies that way
+INT8_FORMATS = frozenset({2, 3, 6, 7, 8, 12, 13, 14})  # the block formats quant8.h multiplies that way (Int8<T>::kDefined; a test keeps them in step)
 
 
 def row_bytes(type_: int, in_features: int) -> int:
@@ -125,12 +125,11 @@ def _numpy_dequantize(part: torch.Tensor, type_: int, in_features: int) -> torch
     return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32).reshape(part.shape[0], in_features))
 
 
-def use_int8(weights: dict) -> int:
-    """Switch every QuantTensor among `weights` to int8 activations; how many there were."""
-    quants = [w for w in weights.values() if isinstance(w, QuantTensor)]
-    for w in quants:
-        w.int8 = True
-    return len(quants)
+def use_int8(weights: dict) -> None:
+    """Switch every QuantTensor among `weights` to int8 activations."""
+    for w in weights.values():
+        if isinstance(w, QuantTensor):
+            w.int8 = True
 
 
 def weight_bytes(w) -> int:

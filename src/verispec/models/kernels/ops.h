@@ -4,7 +4,8 @@
 //   dot(a, b)    acc = 0; for each 16-float block of the inputs, in order: acc = fma(a, b, acc)
 //                (a short last block: zeros beyond the end); the sum tree of acc
 //   products     y[r, o] = dot(w[o], x[r]) for a block of outputs and up to 8 rows
-//   attend       one query row over its keys (attend_slots: keys stored out of order, for trees): scores = dot(q * scale, k_j)
+//   attend       one query row over its keys (attend_slots: keys stored out of order, for trees; attend_many:
+//                several rows over the same keys, each block of keys read once for all): scores = dot(q * scale, k_j)
 //                (kSumBlock keys at a time where D is whole vectors: vec.h's sum_block, the same bits), their maximum,
 //                e^(s - max) (vs::exp) summed in 16 lanes then the tree, the values' weighted sum
 //                key by key in order, divided by that sum
@@ -83,28 +84,21 @@ inline bool weigh_values(const float* scores, const float* values, float* out, i
   return true;
 }
 
-// out[0..D) = softmax over keys first..last of (q * scale) . k, applied to the values; key
-// (position) j is stored at row slot(j) of keys and values. A chain's slot is the identity; a
-// token tree's node sees its ancestors, stored wherever the tree put them (rowwise.cpp): the
-// same keys in the same order give the same bits, wherever they lie.
+// scores[m] = dot(qs, keys + slot(j + m) * D) for the kSumBlock keys from j: each dot as dot()
+// forms it, their sums together (vec.h's sum_block). D whole vectors.
 template <class Slot>
-inline void attend_slots(const float* q, const float* keys, const float* values, float* out, int64_t first, int64_t last,
-                         int64_t D, float scale, float* qs, float* scores, Slot slot) {
-  for (int64_t d = 0; d < D; ++d) qs[d] = q[d] * scale;
-  const int64_t S = last - first + 1;
-  int64_t j0 = 0;
-  if (D % 16 == 0) {  // kSumBlock keys at a time: each key's dot as dot() forms it, the sums together
-    for (; j0 + kSumBlock <= S; j0 += kSumBlock) {
-      V acc[kSumBlock];
-      for (int m = 0; m < kSumBlock; ++m) acc[m] = zero();
-      for (int64_t i = 0; i < D; i += 16) {
-        const V qv = load(qs + i);
-        for (int m = 0; m < kSumBlock; ++m) acc[m] = fmadd(qv, load(keys + slot(first + j0 + m) * D + i), acc[m]);
-      }
-      sum_block(acc, scores + j0);
-    }
+inline void score_block(const float* qs, const float* keys, int64_t j, int64_t D, float* scores, Slot slot) {
+  V acc[kSumBlock];
+  for (int m = 0; m < kSumBlock; ++m) acc[m] = zero();
+  for (int64_t i = 0; i < D; i += 16) {
+    const V qv = load(qs + i);
+    for (int m = 0; m < kSumBlock; ++m) acc[m] = fmadd(qv, load(keys + slot(j + m) * D + i), acc[m]);
   }
-  for (int64_t j = j0; j < S; ++j) scores[j] = dot(qs, keys + slot(first + j) * D, D);
+  sum_block(acc, scores);
+}
+
+// scores[0..S) -> e^(s - max) in place (vs::exp, 16 lanes); returns their sum (16 lanes, then the tree)
+inline float softmax_weights(float* scores, int64_t S) {
   float mx = -INFINITY;
   for (int64_t j = 0; j < S; ++j) mx = scores[j] > mx ? scores[j] : mx;
   const V vmx = set1(mx);
@@ -125,7 +119,12 @@ inline void attend_slots(const float* q, const float* keys, const float* values,
     store_n(scores + j, e, n);
     vsum = add(vsum, e);
   }
-  const float total = sum(vsum);
+  return sum(vsum);
+}
+
+// out[0..D) = the values' sum weighted by scores, key by key in order, divided by total
+template <class Slot>
+inline void weigh(const float* scores, const float* values, float* out, int64_t first, int64_t S, int64_t D, float total, Slot slot) {
   if (weigh_values<64>(scores, values, out, first, S, D, total, slot) || weigh_values<128>(scores, values, out, first, S, D, total, slot) ||
       weigh_values<256>(scores, values, out, first, S, D, total, slot))
     return;
@@ -143,9 +142,100 @@ inline void attend_slots(const float* q, const float* keys, const float* values,
   for (int64_t d = 0; d < D; ++d) out[d] = out[d] / total;
 }
 
+// out[0..D) = softmax over keys first..last of (q * scale) . k, applied to the values; key
+// (position) j is stored at row slot(j) of keys and values. A chain's slot is the identity; a
+// token tree's node sees its ancestors, stored wherever the tree put them (rowwise.cpp): the
+// same keys in the same order give the same bits, wherever they lie.
+template <class Slot>
+inline void attend_slots(const float* q, const float* keys, const float* values, float* out, int64_t first, int64_t last,
+                         int64_t D, float scale, float* qs, float* scores, Slot slot) {
+  for (int64_t d = 0; d < D; ++d) qs[d] = q[d] * scale;
+  const int64_t S = last - first + 1;
+  int64_t j0 = 0;
+  if (D % 16 == 0)
+    for (; j0 + kSumBlock <= S; j0 += kSumBlock) score_block(qs, keys, first + j0, D, scores + j0, slot);
+  for (int64_t j = j0; j < S; ++j) scores[j] = dot(qs, keys + slot(first + j) * D, D);
+  weigh(scores, values, out, first, S, D, softmax_weights(scores, S), slot);
+}
+
 inline void attend(const float* q, const float* keys, const float* values, float* out, int64_t first, int64_t last,
                    int64_t D, float scale, float* qs, float* scores) {
   attend_slots(q, keys, values, out, first, last, D, scale, qs, scores, [](int64_t j) { return j; });
+}
+
+// One query of attend_many: its row q and out, the keys it sees (first..last), its buffers (qs:
+// D floats; scores: last - first + 1)
+struct Query {
+  const float* q;
+  float* out;
+  int64_t first, last;
+  float* qs;
+  float* scores;
+};
+
+// attend for several queries over the same keys and values stored in order (a verification's
+// rows, the query heads that share a kv head): each query gets exactly attend's bits, while each
+// block of kSumBlock keys is read once for every query that sees all of it (then from L1).
+constexpr int kAttendMany = 64;  // the most queries attend_many takes at once
+
+// weigh for kQ queries of D == kD at once, their sums in registers: each value row is read once
+// for all of them, and each query still adds its keys' weighted values in key order
+template <int kD, int kQ>
+inline void weigh_together(const Query* qv, const float* totals, const float* values) {
+  constexpr int n = kD / 16;
+  V o[kQ][n];
+  int64_t lo = qv[0].first, hi = qv[0].last;
+  for (int i = 0; i < kQ; ++i) {
+    for (int c = 0; c < n; ++c) o[i][c] = zero();
+    lo = qv[i].first < lo ? qv[i].first : lo;
+    hi = qv[i].last > hi ? qv[i].last : hi;
+  }
+  for (int64_t j = lo; j <= hi; ++j) {
+    V v[n];
+    for (int c = 0; c < n; ++c) v[c] = load(values + j * kD + 16 * c);
+    for (int i = 0; i < kQ; ++i) {
+      if (j < qv[i].first || j > qv[i].last) continue;
+      const V p = set1(qv[i].scores[j - qv[i].first]);
+      for (int c = 0; c < n; ++c) o[i][c] = fmadd(p, v[c], o[i][c]);
+    }
+  }
+  for (int i = 0; i < kQ; ++i) {
+    const V t = set1(totals[i]);
+    for (int c = 0; c < n; ++c) store(qv[i].out + 16 * c, div(o[i][c], t));
+  }
+}
+
+inline void attend_many(const Query* qv, int n, const float* keys, const float* values, int64_t D, float scale) {
+  const auto chain = [](int64_t j) { return j; };
+  int64_t lo = qv[0].first, hi = qv[0].last;
+  for (int i = 0; i < n; ++i) {
+    for (int64_t d = 0; d < D; ++d) qv[i].qs[d] = qv[i].q[d] * scale;
+    lo = qv[i].first < lo ? qv[i].first : lo;
+    hi = qv[i].last > hi ? qv[i].last : hi;
+  }
+  int64_t blocked_lo[kAttendMany], blocked_hi[kAttendMany];  // each query's keys scored in whole blocks: [lo, hi)
+  for (int i = 0; i < n; ++i) blocked_lo[i] = blocked_hi[i] = qv[i].first;
+  if (D % 16 == 0)
+    for (int64_t b = lo; b + kSumBlock - 1 <= hi; b += kSumBlock)
+      for (int i = 0; i < n; ++i) {
+        if (b < qv[i].first || b + kSumBlock - 1 > qv[i].last) continue;
+        if (blocked_hi[i] == blocked_lo[i]) blocked_lo[i] = b;
+        score_block(qv[i].qs, keys, b, D, qv[i].scores + (b - qv[i].first), chain);
+        blocked_hi[i] = b + kSumBlock;
+      }
+  float totals[kAttendMany];
+  for (int i = 0; i < n; ++i) {
+    const Query& Q = qv[i];
+    for (int64_t j = Q.first; j < blocked_lo[i]; ++j) Q.scores[j - Q.first] = dot(Q.qs, keys + j * D, D);
+    for (int64_t j = blocked_hi[i]; j <= Q.last; ++j) Q.scores[j - Q.first] = dot(Q.qs, keys + j * D, D);
+    totals[i] = softmax_weights(Q.scores, Q.last - Q.first + 1);
+  }
+  int i = 0;  // the values: several queries at a time where their sums fit the registers together
+  if (kRegisters >= 32 && D == 64)
+    for (; i + 4 <= n; i += 4) weigh_together<64, 4>(qv + i, totals + i, values);
+  if (kRegisters >= 32 && D == 128)
+    for (; i + 2 <= n; i += 2) weigh_together<128, 2>(qv + i, totals + i, values);
+  for (; i < n; ++i) weigh(qv[i].scores, values, qv[i].out, qv[i].first, qv[i].last - qv[i].first + 1, D, totals[i], chain);
 }
 
 inline void rmsnorm(const float* x, const float* w, float* y, int64_t n, float eps) {

@@ -15,58 +15,52 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 namespace {
 
 // outputs [b0 * OB, b1 * OB) of one part for rows x[0..R) (OB: outputs_per_block<R>), or with
-// Tail, the single outputs [b0, b1)
-template <int T, int R, bool Tail>
-void part_range(const float* x, const uint8_t* w, float* y, int64_t in, int64_t ldy, int64_t b0, int64_t b1) {
+// Tail, the single outputs [b0, b1). X: the rows as float32 (const float*), or quantised for
+// int8 activations (const vs::XQ&: quant8.h's products)
+template <int T, int R, bool Tail, class X>
+void part_range(X x, const uint8_t* w, float* y, int64_t in, int64_t ldy, int64_t b0, int64_t b1) {
   constexpr int OB = vs::outputs_per_block<R>();
-  if constexpr (T == vs::F32) {
+  constexpr bool int8 = std::is_same_v<X, const vs::XQ&>;
+  if constexpr (T == vs::F32 && !int8) {
     const float* wf = reinterpret_cast<const float*>(w);
     for (int64_t b = b0; b < b1; ++b) {
       if constexpr (Tail) vs::products<R, 1>(x, wf, y, in, ldy, b);
       else vs::products<R, OB>(x, wf, y, in, ldy, b * OB);
     }
   } else {
-    const int64_t rb = vs::row_bytes<T>(in);
-    const bool short_rows = vs::Format<T>::kElems == 32 && rb * OB <= vs::kShortBlock;  // (256-weight blocks prefetch per row)
+    const auto products = [&](auto ob, auto short_rows, int64_t o0) {
+      if constexpr (int8) vs::products_i8<T, R, decltype(ob)::value, decltype(short_rows)::value>(x, w, vs::row_bytes<T>(in), y, in, ldy, o0);
+      else vs::products_q<T, R, decltype(ob)::value, decltype(short_rows)::value>(x, w, vs::row_bytes<T>(in), y, in, ldy, o0);
+    };
+    using One = std::integral_constant<int, 1>;
+    using Block = std::integral_constant<int, OB>;
+    // 32-weight blocks whose rows are short prefetch the next block of outputs in address order
+    const bool short_rows = vs::Format<T>::kElems == 32 && vs::row_bytes<T>(in) * OB <= vs::kShortBlock;
     for (int64_t b = b0; b < b1; ++b) {
-      if constexpr (Tail) vs::products_q<T, R, 1>(x, w, rb, y, in, ldy, b);
-      else if (short_rows) vs::products_q<T, R, OB, true>(x, w, rb, y, in, ldy, b * OB);
-      else vs::products_q<T, R, OB>(x, w, rb, y, in, ldy, b * OB);
+      if constexpr (Tail) products(One{}, std::false_type{}, b);
+      else if (short_rows) products(Block{}, std::true_type{}, b * OB);
+      else products(Block{}, std::false_type{}, b * OB);
     }
   }
 }
 
-using RangeFn = void (*)(const float*, const uint8_t*, float*, int64_t, int64_t, int64_t, int64_t);
+template <class X>
+using RangeFn = void (*)(X, const uint8_t*, float*, int64_t, int64_t, int64_t, int64_t);
 
-// the same with int8 activations (rows of xq)
-template <int T, int R, bool Tail>
-void part_range8(const vs::XQ& xq, const uint8_t* w, float* y, int64_t in, int64_t ldy, int64_t b0, int64_t b1) {
-  constexpr int OB = vs::outputs_per_block<R>();
-  const int64_t rb = vs::row_bytes<T>(in);
-  const bool short_rows = vs::Format<T>::kElems == 32 && rb * OB <= vs::kShortBlock;
-  for (int64_t b = b0; b < b1; ++b) {
-    if constexpr (Tail) vs::products_i8<T, R, 1>(xq, w, rb, y, in, ldy, b);
-    else if (short_rows) vs::products_i8<T, R, OB, true>(xq, w, rb, y, in, ldy, b * OB);
-    else vs::products_i8<T, R, OB>(xq, w, rb, y, in, ldy, b * OB);
-  }
-}
-
-using RangeFn8 = void (*)(const vs::XQ&, const uint8_t*, float*, int64_t, int64_t, int64_t, int64_t);
-
-template <int T, bool Tail>
-constexpr RangeFn8 kRange8[9] = {nullptr, part_range8<T, 1, Tail>, part_range8<T, 2, Tail>, part_range8<T, 3, Tail>, part_range8<T, 4, Tail>,
-                                 part_range8<T, 5, Tail>, part_range8<T, 6, Tail>, part_range8<T, 7, Tail>, part_range8<T, 8, Tail>};
+template <int T, bool Tail, class X>
+constexpr RangeFn<X> kRange[9] = {nullptr, part_range<T, 1, Tail, X>, part_range<T, 2, Tail, X>, part_range<T, 3, Tail, X>,
+                                  part_range<T, 4, Tail, X>, part_range<T, 5, Tail, X>, part_range<T, 6, Tail, X>,
+                                  part_range<T, 7, Tail, X>, part_range<T, 8, Tail, X>};
 
 constexpr int64_t kInt8 = 256;  // added to a part's type: int8 activations
 
-template <int T, bool Tail>
-constexpr RangeFn kRange[9] = {nullptr, part_range<T, 1, Tail>, part_range<T, 2, Tail>, part_range<T, 3, Tail>, part_range<T, 4, Tail>,
-                               part_range<T, 5, Tail>, part_range<T, 6, Tail>, part_range<T, 7, Tail>, part_range<T, 8, Tail>};
+int64_t base_type(int64_t type) { return type >= kInt8 ? type - kInt8 : type; }  // without the int8 flag
 
 constexpr const char* kFormats = "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K";
 
@@ -74,23 +68,23 @@ constexpr const char* kFormats = "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, 
 // tail products for R rows, the row unpacking (none for F32)
 struct Props {
   int64_t elems = 0, bytes = 0;
-  RangeFn range[9] = {}, tail[9] = {};
-  RangeFn8 range8[9] = {}, tail8[9] = {};  // int8 activations (formats quant8.h defines)
+  RangeFn<const float*> range[9] = {}, tail[9] = {};
+  RangeFn<const vs::XQ&> range8[9] = {}, tail8[9] = {};  // int8 activations (formats quant8.h defines)
   void (*unpack)(const uint8_t*, float*, int64_t) = nullptr;
 };
 
 Props props(int64_t type) {
   Props p;
   const bool int8 = type >= kInt8;
-  const bool known = vs::with_format(int8 ? type - kInt8 : type, [&](auto t) {
+  const bool known = vs::with_format(base_type(type), [&](auto t) {
     constexpr int T = decltype(t)::value;
     p.elems = vs::Format<T>::kElems;
     p.bytes = vs::Format<T>::kBytes;
-    for (int R = 1; R <= 8; ++R) p.range[R] = kRange<T, false>[R], p.tail[R] = kRange<T, true>[R];
+    for (int R = 1; R <= 8; ++R) p.range[R] = kRange<T, false, const float*>[R], p.tail[R] = kRange<T, true, const float*>[R];
     if constexpr (T != vs::F32) p.unpack = vs::unpack_row<T>;
     if constexpr (vs::Int8<T>::kDefined)
       if (int8)
-        for (int R = 1; R <= 8; ++R) p.range8[R] = kRange8<T, false>[R], p.tail8[R] = kRange8<T, true>[R];
+        for (int R = 1; R <= 8; ++R) p.range8[R] = kRange<T, false, const vs::XQ&>[R], p.tail8[R] = kRange<T, true, const vs::XQ&>[R];
   });
   TORCH_CHECK(known, "weight format ", type, " is not supported (", kFormats, ", plus ", kInt8, " for int8 activations)");
   TORCH_CHECK(!int8 || p.range8[1] != nullptr, "weight format ", type - kInt8, " has no int8-activation products (quant8.h)");
@@ -138,7 +132,7 @@ torch::Tensor weight_mm(torch::Tensor x, const Weight& w) {
   bool int8 = false;
   for (size_t p = 0; p < P; ++p) {
     f[p] = props(types[p]);
-    data[p] = part_data(parts[p], types[p] >= kInt8 ? types[p] - kInt8 : types[p], f[p], in);
+    data[p] = part_data(parts[p], base_type(types[p]), f[p], in);
     first_out[p + 1] = first_out[p] + parts[p].size(0);
     int8 = int8 || f[p].range8[1] != nullptr;
   }
@@ -186,7 +180,7 @@ torch::Tensor dequantize(const Weight& w, int64_t in) {
   float* op = out.data_ptr<float>();
   int64_t o0 = 0;
   for (size_t p = 0; p < parts.size(); ++p) {
-    const int64_t type = types[p] % kInt8;  // (the arithmetic flag does not matter here)
+    const int64_t type = base_type(types[p]);  // (the arithmetic flag does not matter here)
     const Props f = props(type);
     const uint8_t* wp = part_data(parts[p], type, f, in);
     const int64_t rows = parts[p].size(0);
@@ -217,7 +211,7 @@ torch::Tensor take_rows(const Weight& w, int64_t in, torch::Tensor ids) {
     TORCH_CHECK(r >= 0 && r < total, "take_rows: id ", r, " out of range [0, ", total, ")");
     size_t p = 0;
     while (r >= parts[p].size(0)) r -= parts[p++].size(0);
-    const int64_t type = types[p] % kInt8;  // (the arithmetic flag does not matter here)
+    const int64_t type = base_type(types[p]);  // (the arithmetic flag does not matter here)
     const Props f = props(type);
     const uint8_t* wp = part_data(parts[p], type, f, in);
     float* o = out.data_ptr<float>() + i * in;

@@ -15,6 +15,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <vector>
 
 torch::Tensor rows_mm(torch::Tensor x, torch::Tensor w) {
@@ -64,22 +65,39 @@ torch::Tensor attention_rows(torch::Tensor q, torch::Tensor keys, torch::Tensor 
   const float *qp = q.data_ptr<float>(), *kp = keys.data_ptr<float>(), *vp = values.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const int64_t group = H / KVH;
+  const auto first_of = [&](int64_t pos) { return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0; };
   at::parallel_for(0, T * H, 1, [&](int64_t i0, int64_t i1) {
     vs::FpMode mode;
-    std::vector<float> qs(D), scores(start + T);
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t t = i / H, h = i % H;
-      const int64_t pos = tree ? start + offset[t + 1] - offset[t] - 1 : start + t;
-      const int64_t first = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
-      const int64_t g = h / group;
-      const float *kg = kp + g * A * D, *vg = vp + g * A * D;
-      float* o = op + t * H * D + h * D;
-      if (tree) {
+    if (tree) {
+      std::vector<float> qs(D), scores(start + T);
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t t = i / H, h = i % H, g = h / group;
+        const int64_t pos = start + offset[t + 1] - offset[t] - 1;
         const int64_t* path = paths.data() + offset[t];
-        vs::attend_slots(qp + (t * H + h) * D, kg, vg, o, first, pos, D, static_cast<float>(scale), qs.data(), scores.data(),
+        vs::attend_slots(qp + (t * H + h) * D, kp + g * A * D, vp + g * A * D, op + t * H * D + h * D, first_of(pos), pos, D,
+                         static_cast<float>(scale), qs.data(), scores.data(),
                          [&](int64_t j) { return j < start ? j : start + path[j - start]; });
-      } else {
-        vs::attend(qp + (t * H + h) * D, kg, vg, o, first, pos, D, static_cast<float>(scale), qs.data(), scores.data());
+      }
+      return;
+    }
+    // a chain: this thread's (row, head) pairs, kv head by kv head, through attend_many (the
+    // keys read once per block for all of them)
+    const int64_t n = std::min<int64_t>(i1 - i0, vs::kAttendMany);
+    std::vector<float> qs(n * D), scores(n * (start + T));
+    std::vector<vs::Query> queries;
+    for (int64_t g = 0; g < KVH; ++g) {
+      queries.clear();
+      for (int64_t i = i0; i <= i1; ++i) {
+        if (i == i1 || static_cast<int64_t>(queries.size()) == n) {
+          if (!queries.empty())
+            vs::attend_many(queries.data(), static_cast<int>(queries.size()), kp + g * A * D, vp + g * A * D, D, static_cast<float>(scale));
+          queries.clear();
+          if (i == i1) break;
+        }
+        const int64_t t = i / H, h = i % H, pos = start + t;
+        if (h / group != g) continue;
+        const int64_t k = static_cast<int64_t>(queries.size());
+        queries.push_back({qp + (t * H + h) * D, op + t * H * D + h * D, first_of(pos), pos, qs.data() + k * D, scores.data() + k * (start + T)});
       }
     }
   });

@@ -117,6 +117,19 @@ int main() {
         return 1;
       }
     }
+    // a token tree's row (keys past start read along its path) beside a chain row: attend_slots' bits
+    const int64_t tstart = S - 6, path[3] = {0, 2, 5};
+    queries.resize(2);
+    queries[0] = {q3.data(), o3.data(), 1, tstart + 2, qs3.data(), s3.data(), path, tstart};
+    queries[1] = {q3.data() + D, o3.data() + D, 0, S - 1, qs3.data() + D, s3.data() + S};
+    vs::attend_many(queries.data(), 2, k.data(), v.data(), D, 0.2f);
+    out(o3.data(), 2 * D);
+    vs::attend_slots(q3.data(), k.data(), v.data(), one.data(), 1, tstart + 2, D, 0.2f, qs.data(), scores.data(),
+                     [&](int64_t j) { return j < tstart ? j : tstart + path[j - tstart]; });
+    if (std::memcmp(one.data(), o3.data(), D * sizeof(float)) != 0) {
+      std::fprintf(stderr, "attend_many differs from attend_slots on a tree row (D %d)\n", D);
+      return 1;
+    }
   }
   std::vector<float> g(50), u(50), m(50), n(50);
   for (int i = 0; i < 50; ++i) { g[i] = 8 * next(); u[i] = next(); }

@@ -164,22 +164,24 @@ inline void attend(const float* q, const float* keys, const float* values, float
 }
 
 // One query of attend_many: its row q and out, the keys it sees (first..last), its buffers (qs:
-// D floats; scores: last - first + 1)
+// D floats; scores: last - first + 1), and for a token tree's row its path (attend_slots): key
+// j >= start is read from row start + path[j - start]; without a path, key j from row j
 struct Query {
   const float* q;
   float* out;
   int64_t first, last;
   float* qs;
   float* scores;
+  const int64_t* path = nullptr;
+  int64_t start = 0;
+  int64_t slot(int64_t j) const { return path != nullptr && j >= start ? start + path[j - start] : j; }
+  int64_t in_order_end() const { return path != nullptr && start <= last ? start : last + 1; }  // keys before it: row j
 };
 
-// attend for several queries over the same keys and values stored in order (a verification's
-// rows, the query heads that share a kv head): each query gets exactly attend's bits, while each
-// block of kSumBlock keys is read once for every query that sees all of it (then from L1).
 constexpr int kAttendMany = 64;  // the most queries attend_many takes at once
 
-// weigh for kQ queries of D == kD at once, their sums in registers: each value row is read once
-// for all of them, and each query still adds its keys' weighted values in key order
+// weigh for kQ chain queries (no path) of D == kD at once, their sums in registers: each value
+// row is read once for all of them, and each query still adds its keys' weighted values in order
 template <int kD, int kQ>
 inline void weigh_together(const Query* qv, const float* totals, const float* values) {
   constexpr int n = kD / 16;
@@ -205,8 +207,10 @@ inline void weigh_together(const Query* qv, const float* totals, const float* va
   }
 }
 
+// attend for several queries over the same keys and values (a verification's rows, the query
+// heads that share a kv head): each query gets exactly attend_slots' bits, while each block of
+// kSumBlock keys stored in order is read once for every query that sees all of it (then from L1)
 inline void attend_many(const Query* qv, int n, const float* keys, const float* values, int64_t D, float scale) {
-  const auto chain = [](int64_t j) { return j; };
   int64_t lo = qv[0].first, hi = qv[0].last;
   for (int i = 0; i < n; ++i) {
     for (int64_t d = 0; d < D; ++d) qv[i].qs[d] = qv[i].q[d] * scale;
@@ -215,27 +219,41 @@ inline void attend_many(const Query* qv, int n, const float* keys, const float* 
   }
   int64_t blocked_lo[kAttendMany], blocked_hi[kAttendMany];  // each query's keys scored in whole blocks: [lo, hi)
   for (int i = 0; i < n; ++i) blocked_lo[i] = blocked_hi[i] = qv[i].first;
+  const auto in_order = [](int64_t j) { return j; };
   if (D % 16 == 0)
     for (int64_t b = lo; b + kSumBlock - 1 <= hi; b += kSumBlock)
       for (int i = 0; i < n; ++i) {
-        if (b < qv[i].first || b + kSumBlock - 1 > qv[i].last) continue;
+        if (b < qv[i].first || b + kSumBlock > qv[i].in_order_end()) continue;
         if (blocked_hi[i] == blocked_lo[i]) blocked_lo[i] = b;
-        score_block(qv[i].qs, keys, b, D, qv[i].scores + (b - qv[i].first), chain);
+        score_block(qv[i].qs, keys, b, D, qv[i].scores + (b - qv[i].first), in_order);
         blocked_hi[i] = b + kSumBlock;
       }
   float totals[kAttendMany];
   for (int i = 0; i < n; ++i) {
     const Query& Q = qv[i];
-    for (int64_t j = Q.first; j < blocked_lo[i]; ++j) Q.scores[j - Q.first] = dot(Q.qs, keys + j * D, D);
-    for (int64_t j = blocked_hi[i]; j <= Q.last; ++j) Q.scores[j - Q.first] = dot(Q.qs, keys + j * D, D);
+    for (int64_t j = Q.first; j < blocked_lo[i]; ++j) Q.scores[j - Q.first] = dot(Q.qs, keys + Q.slot(j) * D, D);
+    for (int64_t j = blocked_hi[i]; j <= Q.last; ++j) Q.scores[j - Q.first] = dot(Q.qs, keys + Q.slot(j) * D, D);
     totals[i] = softmax_weights(Q.scores, Q.last - Q.first + 1);
   }
-  int i = 0;  // the values: several queries at a time where their sums fit the registers together
-  if (kRegisters >= 32 && D == 64)
-    for (; i + 4 <= n; i += 4) weigh_together<64, 4>(qv + i, totals + i, values);
-  if (kRegisters >= 32 && D == 128)
-    for (; i + 2 <= n; i += 2) weigh_together<128, 2>(qv + i, totals + i, values);
-  for (; i < n; ++i) weigh(qv[i].scores, values, qv[i].out, qv[i].first, qv[i].last - qv[i].first + 1, D, totals[i], chain);
+  // the values: chain queries several at a time where their sums fit the registers together
+  const auto chains = [&](int i, int k) {
+    for (int m = i; m < i + k; ++m)
+      if (qv[m].path != nullptr) return false;
+    return true;
+  };
+  for (int i = 0; i < n;) {
+    if (kRegisters >= 32 && D == 64 && i + 4 <= n && chains(i, 4)) {
+      weigh_together<64, 4>(qv + i, totals + i, values);
+      i += 4;
+    } else if (kRegisters >= 32 && D == 128 && i + 2 <= n && chains(i, 2)) {
+      weigh_together<128, 2>(qv + i, totals + i, values);
+      i += 2;
+    } else {
+      const Query& Q = qv[i];
+      weigh(Q.scores, values, Q.out, Q.first, Q.last - Q.first + 1, D, totals[i], [&Q](int64_t j) { return Q.slot(j); });
+      ++i;
+    }
+  }
 }
 
 inline void rmsnorm(const float* x, const float* w, float* y, int64_t n, float eps) {

@@ -66,22 +66,10 @@ torch::Tensor attention_rows(torch::Tensor q, torch::Tensor keys, torch::Tensor 
   float* op = out.data_ptr<float>();
   const int64_t group = H / KVH;
   const auto first_of = [&](int64_t pos) { return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0; };
+  // each thread's (row, head) pairs, kv head by kv head, through attend_many (the keys read once
+  // per block for all of them); a tree's row at its depth's position, seeing its path
   at::parallel_for(0, T * H, 1, [&](int64_t i0, int64_t i1) {
     vs::FpMode mode;
-    if (tree) {
-      std::vector<float> qs(D), scores(start + T);
-      for (int64_t i = i0; i < i1; ++i) {
-        const int64_t t = i / H, h = i % H, g = h / group;
-        const int64_t pos = start + offset[t + 1] - offset[t] - 1;
-        const int64_t* path = paths.data() + offset[t];
-        vs::attend_slots(qp + (t * H + h) * D, kp + g * A * D, vp + g * A * D, op + t * H * D + h * D, first_of(pos), pos, D,
-                         static_cast<float>(scale), qs.data(), scores.data(),
-                         [&](int64_t j) { return j < start ? j : start + path[j - start]; });
-      }
-      return;
-    }
-    // a chain: this thread's (row, head) pairs, kv head by kv head, through attend_many (the
-    // keys read once per block for all of them)
     const int64_t n = std::min<int64_t>(i1 - i0, vs::kAttendMany);
     std::vector<float> qs(n * D), scores(n * (start + T));
     std::vector<vs::Query> queries;
@@ -94,10 +82,13 @@ torch::Tensor attention_rows(torch::Tensor q, torch::Tensor keys, torch::Tensor 
           queries.clear();
           if (i == i1) break;
         }
-        const int64_t t = i / H, h = i % H, pos = start + t;
+        const int64_t t = i / H, h = i % H;
         if (h / group != g) continue;
+        const int64_t pos = tree ? start + offset[t + 1] - offset[t] - 1 : start + t;
         const int64_t k = static_cast<int64_t>(queries.size());
-        queries.push_back({qp + (t * H + h) * D, op + t * H * D + h * D, first_of(pos), pos, qs.data() + k * D, scores.data() + k * (start + T)});
+        vs::Query query{qp + (t * H + h) * D, op + t * H * D + h * D, first_of(pos), pos, qs.data() + k * D, scores.data() + k * (start + T)};
+        if (tree) query.path = paths.data() + offset[t], query.start = start;
+        queries.push_back(query);
       }
     }
   });

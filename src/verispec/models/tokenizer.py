@@ -35,7 +35,6 @@ GEMMA_FALLBACK_TEMPLATE = (
 LONG_TEXT = 16384  # characters
 
 
-
 _JSON_STRING = r'"(?:[^"\\]|\\.)*"'
 _MERGE_PAIR = re.compile(rf"\[({_JSON_STRING}),({_JSON_STRING})\]")
 

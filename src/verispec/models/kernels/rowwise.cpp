@@ -74,14 +74,12 @@ torch::Tensor attention_rows(torch::Tensor q, torch::Tensor keys, torch::Tensor 
     std::vector<float> qs(n * D), scores(n * (start + T));
     std::vector<vs::Query> queries;
     for (int64_t g = 0; g < KVH; ++g) {
-      queries.clear();
-      for (int64_t i = i0; i <= i1; ++i) {
-        if (i == i1 || static_cast<int64_t>(queries.size()) == n) {
-          if (!queries.empty())
-            vs::attend_many(queries.data(), static_cast<int>(queries.size()), kp + g * A * D, vp + g * A * D, D, static_cast<float>(scale));
-          queries.clear();
-          if (i == i1) break;
-        }
+      const auto flush = [&] {
+        if (!queries.empty())
+          vs::attend_many(queries.data(), static_cast<int>(queries.size()), kp + g * A * D, vp + g * A * D, D, static_cast<float>(scale));
+        queries.clear();
+      };
+      for (int64_t i = i0; i < i1; ++i) {
         const int64_t t = i / H, h = i % H;
         if (h / group != g) continue;
         const int64_t pos = tree ? start + offset[t + 1] - offset[t] - 1 : start + t;
@@ -89,7 +87,9 @@ torch::Tensor attention_rows(torch::Tensor q, torch::Tensor keys, torch::Tensor 
         vs::Query query{qp + (t * H + h) * D, op + t * H * D + h * D, first_of(pos), pos, qs.data() + k * D, scores.data() + k * (start + T)};
         if (tree) query.path = paths.data() + offset[t], query.start = start;
         queries.push_back(query);
+        if (static_cast<int64_t>(queries.size()) == n) flush();
       }
+      flush();
     }
   });
   return out;

@@ -72,7 +72,7 @@ inline float sum(V a) {
 }
 // out[m] = sum(a[m]) for 16 vectors, the same additions as sum's tree (lane l with l + 8, then
 // l + 4, l + 2, l + 1), done for all 16 at once: each step adds the halves of two vectors' lanes
-constexpr int kSumBlock = 16;  // vectors sum_block reduces together (1: sum one by one)
+constexpr int kSumBlock = 16;  // vectors sum_block reduces together (other variants: 4, each by sum)
 inline void sum_block(const V* a, float* out) {
   __m512 s8[8], s4[4], s2[2];
   for (int m = 0; m < 8; ++m)  // [a[2m] lanes 0-7 + 8-15, a[2m + 1] lanes 0-7 + 8-15]

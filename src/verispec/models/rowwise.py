@@ -42,7 +42,7 @@ from verispec.models.loaders import cache_root
 log = logging.getLogger("verispec")
 
 KERNELS = Path(__file__).with_name("kernels")
-SOURCES = [KERNELS / "rowwise.cpp", KERNELS / "quant.cpp", KERNELS / "layer.cpp"]
+SOURCES = [KERNELS / "quant.cpp", KERNELS / "rowwise.cpp", KERNELS / "layer.cpp", KERNELS / "module.cpp"]  # longest first
 HEADERS = [KERNELS / "rowwise.h", KERNELS / "ops.h", KERNELS / "vec.h", KERNELS / "quant.h", KERNELS / "int8.h", KERNELS / "quant8.h"]
 # no -march=native: a variant's library runs on any CPU with its instruction set, and no
 # -ffast-math; -ffp-contract=off: no fused multiply-add but the written ones
@@ -51,9 +51,9 @@ VARIANT_FLAGS = {
     "avx512": ["-O3", "-DVERISPEC_AVX512", "-mavx512f", "-mavx512bw", "-mavx2", "-mfma", "-mf16c"],
     "avx2": ["-O3", "-DVERISPEC_AVX2", "-mavx2", "-mfma", "-mf16c"],
     "neon": ["-O3", "-DVERISPEC_NEON"],
-    # -O2: the plain C++ lanes at -O3 took GCC 12 ~6 minutes to compile (quant.cpp alone 351 s,
-    # against 110 s at -O2); the fallback for CPUs without AVX2, and the same bits either way
-    "scalar": ["-O2", "-DVERISPEC_SCALAR"],
+    # -O1: the plain C++ lanes took GCC 12 ~6 minutes to compile at -O3 (quant.cpp alone 351 s),
+    # 110-145 s at -O2, 58 s at -O1; the fallback for CPUs without AVX2, and the same bits either way
+    "scalar": ["-O1", "-DVERISPEC_SCALAR"],
 }
 VARIANTS = tuple(VARIANT_FLAGS)  # best first
 _state: dict[str, object] = {}

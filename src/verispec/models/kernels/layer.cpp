@@ -14,9 +14,11 @@
 // The four matrices are Weights (quant.cpp): float32, GGUF blocks, or parts of both.
 #include "rowwise.h"
 
+#include <ATen/ops/add.h>
+
 namespace {
 
-void norm_rows(torch::Tensor& t, const std::optional<torch::Tensor>& w, float eps) {
+void norm_rows(at::Tensor& t, const std::optional<at::Tensor>& w, float eps) {
   if (!w) return;
   const int64_t N = t.size(0), n = t.size(1);
   float* p = t.data_ptr<float>();
@@ -25,11 +27,11 @@ void norm_rows(torch::Tensor& t, const std::optional<torch::Tensor>& w, float ep
 
 }  // namespace
 
-torch::Tensor decode_layer(torch::Tensor x, torch::Tensor attn_norm, const Weight& qkv, std::optional<torch::Tensor> qkv_bias,
-                           std::optional<torch::Tensor> qk_norm, const Weight& o, std::optional<torch::Tensor> post_attn_norm,
-                           torch::Tensor mlp_norm, const Weight& gate_up, const Weight& down, std::optional<torch::Tensor> post_mlp_norm,
-                           torch::Tensor cos, torch::Tensor sin, std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values,
-                           std::vector<int64_t> rows, std::vector<int64_t> starts, std::vector<std::optional<torch::Tensor>> parents,
+at::Tensor decode_layer(at::Tensor x, at::Tensor attn_norm, const Weight& qkv, std::optional<at::Tensor> qkv_bias,
+                           std::optional<at::Tensor> qk_norm, const Weight& o, std::optional<at::Tensor> post_attn_norm,
+                           at::Tensor mlp_norm, const Weight& gate_up, const Weight& down, std::optional<at::Tensor> post_mlp_norm,
+                           at::Tensor cos, at::Tensor sin, std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
+                           std::vector<int64_t> rows, std::vector<int64_t> starts, std::vector<std::optional<at::Tensor>> parents,
                            int64_t heads, int64_t kv_heads, int64_t window, double scale, double eps, bool gelu) {
   x = x.contiguous();
   cos = cos.contiguous();
@@ -46,7 +48,7 @@ torch::Tensor decode_layer(torch::Tensor x, torch::Tensor attn_norm, const Weigh
   std::vector<float> tmp(D);
 
   // 1. attention input: the norm, q/k/v, q/k norms, RoPE
-  auto h = torch::empty_like(x);
+  auto h = at::empty_like(x);
   for (int64_t r = 0; r < N; ++r) vs::rmsnorm(x.data_ptr<float>() + r * hidden, attn_norm.data_ptr<float>(), h.data_ptr<float>() + r * hidden, hidden, feps);
   auto qkv_out = weight_mm(h, qkv);  // [N, (QK + KVH) * D]
   float* Q = qkv_out.data_ptr<float>();
@@ -64,7 +66,7 @@ torch::Tensor decode_layer(torch::Tensor x, torch::Tensor attn_norm, const Weigh
     }
 
   // 2. per segment: keys and values into its cache, then attention row by row
-  auto attn = torch::empty({N, H * D}, x.options());
+  auto attn = at::empty({N, H * D}, x.options());
   auto q_all = qkv_out.view({N, QK + KVH, D}).narrow(1, 0, H);
   for (int64_t s = 0; s < S; ++s) {
     const int64_t r0 = rows[s], r1 = s + 1 < S ? rows[s + 1] : N, T = r1 - r0, start = starts[s];
@@ -85,15 +87,15 @@ torch::Tensor decode_layer(torch::Tensor x, torch::Tensor attn_norm, const Weigh
   // 3. the attention's projection, its norm, the residual
   auto a = weight_mm(attn, o);
   norm_rows(a, post_attn_norm, feps);
-  auto x2 = x + a;
+  auto x2 = at::add(x, a);
 
   // 4. the MLP
   for (int64_t r = 0; r < N; ++r) vs::rmsnorm(x2.data_ptr<float>() + r * hidden, mlp_norm.data_ptr<float>(), h.data_ptr<float>() + r * hidden, hidden, feps);
   auto gu = weight_mm(h, gate_up);  // [N, 2 I]: gate, then up
   const int64_t I = gu.size(1) / 2;
-  auto m = torch::empty({N, I}, x.options());
+  auto m = at::empty({N, I}, x.options());
   for (int64_t r = 0; r < N; ++r) vs::gated(gu.data_ptr<float>() + r * 2 * I, gu.data_ptr<float>() + r * 2 * I + I, m.data_ptr<float>() + r * I, I, gelu);
   auto d = weight_mm(m, down);
   norm_rows(d, post_mlp_norm, feps);
-  return x2 + d;
+  return at::add(x2, d);
 }

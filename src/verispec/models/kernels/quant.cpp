@@ -95,7 +95,7 @@ constexpr int kOB[9] = {0, vs::outputs_per_block<1>(), vs::outputs_per_block<2>(
                         vs::outputs_per_block<5>(), vs::outputs_per_block<6>(), vs::outputs_per_block<7>(), vs::outputs_per_block<8>()};
 
 // the checked part of a weight over `in` columns, of format `type` (its properties f): its bytes
-const uint8_t* part_data(const torch::Tensor& t, int64_t type, const Props& f, int64_t in) {
+const uint8_t* part_data(const at::Tensor& t, int64_t type, const Props& f, int64_t in) {
   TORCH_CHECK(t.device().is_cpu() && t.dim() == 2 && t.is_contiguous(), "weight parts: contiguous 2-D CPU tensors");
   TORCH_CHECK(in % f.elems == 0, "weight format ", type, ": ", in, " columns are not whole blocks of ", f.elems);
   if (type == vs::F32) {
@@ -116,14 +116,14 @@ int64_t weight_rows(const Weight& w) {
   return n;
 }
 
-torch::Tensor weight_mm(torch::Tensor x, const Weight& w) {
+at::Tensor weight_mm(at::Tensor x, const Weight& w) {
   const auto& [parts, types] = w;
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(), "weight_mm: x must be float32 [R, in] on the CPU");
   TORCH_CHECK(!parts.empty() && parts.size() == types.size(), "weight_mm: one type per part");
   x = x.contiguous();
   const int64_t R = x.size(0), in = x.size(1), out = weight_rows(w);
   const size_t P = parts.size();
-  auto y = torch::empty({R, out}, x.options());
+  auto y = at::empty({R, out}, x.options());
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   std::vector<Props> f(P);
@@ -174,9 +174,9 @@ torch::Tensor weight_mm(torch::Tensor x, const Weight& w) {
 }
 
 // the whole stacked matrix as float32 [rows, in]: each value exactly gguf-py's dequantisation
-torch::Tensor dequantize(const Weight& w, int64_t in) {
+at::Tensor dequantize(const Weight& w, int64_t in) {
   const auto& [parts, types] = w;
-  auto out = torch::empty({weight_rows(w), in}, torch::dtype(torch::kFloat));
+  auto out = at::empty({weight_rows(w), in}, at::dtype(at::kFloat));
   float* op = out.data_ptr<float>();
   int64_t o0 = 0;
   for (size_t p = 0; p < parts.size(); ++p) {
@@ -199,12 +199,12 @@ torch::Tensor dequantize(const Weight& w, int64_t in) {
 }
 
 // rows ids of the stacked matrix as float32 [n, in] (an embedding lookup)
-torch::Tensor take_rows(const Weight& w, int64_t in, torch::Tensor ids) {
+at::Tensor take_rows(const Weight& w, int64_t in, at::Tensor ids) {
   const auto& [parts, types] = w;
   TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong, "take_rows: ids must be int64 [n]");
   ids = ids.contiguous();
   const int64_t n = ids.size(0), total = weight_rows(w);
-  auto out = torch::empty({n, in}, torch::dtype(torch::kFloat));
+  auto out = at::empty({n, in}, at::dtype(at::kFloat));
   const int64_t* ip = ids.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) {
     int64_t r = ip[i];

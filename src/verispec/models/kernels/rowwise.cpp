@@ -1,4 +1,4 @@
-// Row-wise products and attention for decoding and verification on the CPU, and the module.
+// Row-wise products and attention for decoding and verification on the CPU.
 //
 // rows_mm: y [R, out] = x [R, in] @ w [out, in]^T, float32, w row-major and contiguous, any R.
 // Why: MKL runs these shapes (1-8 rows against a weight matrix) far below the memory bandwidth and
@@ -18,7 +18,7 @@
 #include <algorithm>
 #include <vector>
 
-torch::Tensor rows_mm(torch::Tensor x, torch::Tensor w) {
+at::Tensor rows_mm(at::Tensor x, at::Tensor w) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1),
               "rows_mm: x [R, in] and w [out, in], got ", x.sizes(), " and ", w.sizes());
   TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "rows_mm: float32 only");
@@ -34,8 +34,8 @@ torch::Tensor rows_mm(torch::Tensor x, torch::Tensor w) {
 // then its path (its ancestors root first, then itself): the keys a chain decoding that path would
 // have at those positions, in the same order, so the same bits.
 // q [T, H, D]; keys, values [KVH, A, D] (one layer of a KVCache, A >= start + T) -> [T, H * D]
-torch::Tensor attention_rows(torch::Tensor q, torch::Tensor keys, torch::Tensor values, int64_t start, int64_t window, double scale,
-                             std::optional<torch::Tensor> parents) {
+at::Tensor attention_rows(at::Tensor q, at::Tensor keys, at::Tensor values, int64_t start, int64_t window, double scale,
+                             std::optional<at::Tensor> parents) {
   TORCH_CHECK(q.dim() == 3 && keys.dim() == 3 && values.sizes() == keys.sizes() && q.size(2) == keys.size(2),
               "attention_rows: q [T, H, D], keys and values [KVH, A, D], got ", q.sizes(), ", ", keys.sizes(), ", ", values.sizes());
   TORCH_CHECK(q.scalar_type() == at::kFloat && keys.scalar_type() == at::kFloat && values.scalar_type() == at::kFloat, "attention_rows: float32 only");
@@ -61,7 +61,7 @@ torch::Tensor attention_rows(torch::Tensor q, torch::Tensor keys, torch::Tensor 
       offset[t + 1] = static_cast<int64_t>(paths.size());
     }
   }
-  auto out = torch::empty({T, H * D}, q.options());
+  auto out = at::empty({T, H * D}, q.options());
   const float *qp = q.data_ptr<float>(), *kp = keys.data_ptr<float>(), *vp = values.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const int64_t group = H / KVH;
@@ -93,16 +93,4 @@ torch::Tensor attention_rows(torch::Tensor q, torch::Tensor keys, torch::Tensor 
     }
   });
   return out;
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("variant", []() { return std::string(vs::kVariant); });
-  m.def("rows_mm", &rows_mm, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("attention_rows", &attention_rows, pybind11::arg("q"), pybind11::arg("keys"), pybind11::arg("values"), pybind11::arg("start"),
-        pybind11::arg("window"), pybind11::arg("scale"), pybind11::arg("parents") = pybind11::none(),
-        pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("weight_mm", &weight_mm, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("dequantize", &dequantize, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("take_rows", &take_rows, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("decode_layer", &decode_layer, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

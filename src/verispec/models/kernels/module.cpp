@@ -1,0 +1,19 @@
+// The Python module over the row-wise kernels (rowwise.h): the one file that includes
+// <torch/extension.h>, so the others compile against ATen's lighter headers.
+#include <torch/extension.h>
+
+#include <string>
+
+#include "rowwise.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("variant", []() { return std::string(vs::kVariant); });
+  m.def("rows_mm", &rows_mm, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("attention_rows", &attention_rows, pybind11::arg("q"), pybind11::arg("keys"), pybind11::arg("values"), pybind11::arg("start"),
+        pybind11::arg("window"), pybind11::arg("scale"), pybind11::arg("parents") = pybind11::none(),
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("weight_mm", &weight_mm, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("dequantize", &dequantize, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("take_rows", &take_rows, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("decode_layer", &decode_layer, pybind11::call_guard<pybind11::gil_scoped_release>());
+}

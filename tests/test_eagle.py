@@ -193,3 +193,26 @@ def test_sharegpt_held_out_records_are_refused(tmp_path):
     r = subprocess.run([sys.executable, "-m", "verispec.cli", "train-draft", "--records", "0:15000", "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "held out" in r.stderr
+
+
+def test_head_starts_from_the_targets_lm_head_and_norm():
+    """init_from_target: the head's LM head and final norm are copies of the tensors given (the
+    target's draft-vocabulary rows and final norm), the rest random; a wrong shape is refused."""
+    from verispec.models.config import RopeConfig
+    from verispec.models.eagle import HeadConfig
+    from verispec.train.trainer import HeadModule
+
+    config = HeadConfig(kind="eagle3", hidden_size=16, num_heads=2, num_kv_heads=1, head_dim=8, intermediate_size=32,
+                        rms_eps=1e-6, rope=RopeConfig(10000.0), vocab_size=40, draft_vocab_size=8, target_hidden_size=16)
+    d2t, t2d = torch.zeros(8, dtype=torch.long), torch.zeros(40, dtype=torch.bool)
+    lm, norm = torch.randn(8, 16), torch.rand(16) + 0.5
+    embed = torch.randn(40, 16)
+    head = HeadModule(config, embed, d2t, t2d, seed=0, init={"lm_head.weight": lm, "norm.weight": norm})
+    assert torch.equal(head.w["lm_head.weight"], lm) and torch.equal(head.w["norm.weight"], norm)
+    lm[0, 0] += 1  # a copy, not the caller's tensor
+    assert not torch.equal(head.w["lm_head.weight"], lm)
+    plain = HeadModule(config, embed, d2t, t2d, seed=0)
+    assert torch.equal(plain.w["norm.weight"], torch.ones(16)) and not torch.equal(plain.w["lm_head.weight"], head.w["lm_head.weight"])
+    assert torch.equal(plain.w["fc.weight"], head.w["fc.weight"])  # the same seed: only the given tensors differ
+    with pytest.raises(ValueError, match="shape"):
+        HeadModule(config, embed, d2t, t2d, seed=0, init={"lm_head.weight": torch.zeros(9, 16)})

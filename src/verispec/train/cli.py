@@ -48,7 +48,8 @@ def add_train_parser(sub) -> None:
     for name, field in TrainOptions.__dataclass_fields__.items():
         flag = "--" + name.replace("_", "-")
         if field.type in ("bool",):
-            t.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default)
+            t.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default,
+                           help=f"training: {name} (default {field.default})")
         else:
             kind = {"int": int, "float": float, "float | None": float}.get(str(field.type), str)
             t.add_argument(flag, type=kind, default=field.default, help=f"training: {name} (default {field.default})")
@@ -100,8 +101,9 @@ def run(args: argparse.Namespace) -> int:
     embed = weights.weights["embed.weight"].float()
     lm = weights.weights.get("lm_head.weight", weights.weights["embed.weight"]).float()
     config = head_config_for(weights.config, len(vocab["d2t"]))
-    module = HeadModule(config, embed, vocab["d2t"], vocab["t2d"], opts.seed)
     draft_lm = lm[torch.arange(len(vocab["d2t"])) + vocab["d2t"]]  # [dv, H]: the target's LM head rows
+    init = {"lm_head.weight": draft_lm, "norm.weight": weights.weights["norm.weight"].float()} if opts.init_from_target else None
+    module = HeadModule(config, embed, vocab["d2t"], vocab["t2d"], opts.seed, init)
     last = train(module, examples, opts, folder, draft_lm)
     # 4. export
     from verispec.engine.backends import RunnerConfig, build_runner

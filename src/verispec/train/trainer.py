@@ -3,6 +3,8 @@
 The recipe (the EAGLE repository's and SpecForge's, sized for this CPU):
 - the target frozen; the head reads its token embeddings (frozen) and fused states;
 - draft vocabulary: the `draft_vocab` tokens the target itself predicts most often in the answers;
+- the head's LM head and final norm start as the target's own (its LM head's draft-vocabulary rows,
+  its final norm: `init_from_target`), so its output starts in the space the target predicts from;
 - the training-time test: `ttt_steps` unrolled steps; at step s the row at position p reads the
   head's own step s - 1 output at p - 1 and attends to the real rows up to its anchor p - s and to
   the chain's draft rows (one per earlier step), exactly what drafting at inference sees;
@@ -46,12 +48,15 @@ class TrainOptions:
     checkpoint_minutes: float = 5.0
     seed: int = 0
     bf16: bool = True
+    init_from_target: bool = True  # lm_head and norm start as the target's (else random / ones)
 
 
 class HeadModule(torch.nn.Module):
     """The head's trainable weights under their published names (dots as '__' for nn)."""
 
-    def __init__(self, config: HeadConfig, embed: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor, seed: int) -> None:
+    def __init__(self, config: HeadConfig, embed: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor, seed: int,
+                 init: dict[str, torch.Tensor] | None = None) -> None:
+        """init: published name -> a tensor to start that weight from (copied)."""
         super().__init__()
         c = config
         H, D, I = c.hidden_size, c.head_dim, c.intermediate_size
@@ -73,6 +78,12 @@ class HeadModule(torch.nn.Module):
         for name in ("midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight",
                      "midlayer.post_attention_layernorm.weight", "norm.weight"):
             self.params[name.replace(".", "__")] = torch.nn.Parameter(torch.ones(H))
+        for name, value in (init or {}).items():
+            param = self.params[name.replace(".", "__")]
+            if value.shape != param.shape:
+                raise ValueError(f"{name}: cannot start from a tensor of shape {tuple(value.shape)}, the head's is {tuple(param.shape)}")
+            with torch.no_grad():
+                param.copy_(value)
         self.config = config
         self.embed_weight = embed  # [vocab, H] frozen
         self.register_buffer("d2t", d2t)

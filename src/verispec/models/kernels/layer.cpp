@@ -15,6 +15,7 @@
 #include "rowwise.h"
 
 #include <ATen/ops/add.h>
+#include <ATen/ops/empty_like.h>
 
 namespace {
 
@@ -28,11 +29,11 @@ void norm_rows(at::Tensor& t, const std::optional<at::Tensor>& w, float eps) {
 }  // namespace
 
 at::Tensor decode_layer(at::Tensor x, at::Tensor attn_norm, const Weight& qkv, std::optional<at::Tensor> qkv_bias,
-                           std::optional<at::Tensor> qk_norm, const Weight& o, std::optional<at::Tensor> post_attn_norm,
-                           at::Tensor mlp_norm, const Weight& gate_up, const Weight& down, std::optional<at::Tensor> post_mlp_norm,
-                           at::Tensor cos, at::Tensor sin, std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
-                           std::vector<int64_t> rows, std::vector<int64_t> starts, std::vector<std::optional<at::Tensor>> parents,
-                           int64_t heads, int64_t kv_heads, int64_t window, double scale, double eps, bool gelu) {
+                        std::optional<at::Tensor> qk_norm, const Weight& o, std::optional<at::Tensor> post_attn_norm,
+                        at::Tensor mlp_norm, const Weight& gate_up, const Weight& down, std::optional<at::Tensor> post_mlp_norm,
+                        at::Tensor cos, at::Tensor sin, std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
+                        std::vector<int64_t> rows, std::vector<int64_t> starts, std::vector<std::optional<at::Tensor>> parents,
+                        int64_t heads, int64_t kv_heads, int64_t window, double scale, double eps, bool gelu) {
   x = x.contiguous();
   cos = cos.contiguous();
   sin = sin.contiguous();

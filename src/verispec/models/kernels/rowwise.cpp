@@ -35,7 +35,7 @@ at::Tensor rows_mm(at::Tensor x, at::Tensor w) {
 // have at those positions, in the same order, so the same bits.
 // q [T, H, D]; keys, values [KVH, A, D] (one layer of a KVCache, A >= start + T) -> [T, H * D]
 at::Tensor attention_rows(at::Tensor q, at::Tensor keys, at::Tensor values, int64_t start, int64_t window, double scale,
-                             std::optional<at::Tensor> parents) {
+                          std::optional<at::Tensor> parents) {
   TORCH_CHECK(q.dim() == 3 && keys.dim() == 3 && values.sizes() == keys.sizes() && q.size(2) == keys.size(2),
               "attention_rows: q [T, H, D], keys and values [KVH, A, D], got ", q.sizes(), ", ", keys.sizes(), ", ", values.sizes());
   TORCH_CHECK(q.scalar_type() == at::kFloat && keys.scalar_type() == at::kFloat && values.scalar_type() == at::kFloat, "attention_rows: float32 only");

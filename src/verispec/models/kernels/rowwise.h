@@ -7,7 +7,6 @@
 // compiling per file and is included by module.cpp alone
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/empty_like.h>
 
 #include <optional>
 #include <tuple>
@@ -32,12 +31,12 @@ at::Tensor take_rows(const Weight& w, int64_t in, at::Tensor ids);
 // q [T, H, D] at positions start.. over keys, values [KVH, A, D] (one layer of a KVCache) -> [T, H * D];
 // parents [T]: the rows form a token tree (rowwise.cpp)
 at::Tensor attention_rows(at::Tensor q, at::Tensor keys, at::Tensor values, int64_t start, int64_t window, double scale,
-                             std::optional<at::Tensor> parents);
+                          std::optional<at::Tensor> parents);
 
 // One decoder layer over the rows of several sequences' short segments (see layer.cpp).
 at::Tensor decode_layer(at::Tensor x, at::Tensor attn_norm, const Weight& qkv, std::optional<at::Tensor> qkv_bias,
-                           std::optional<at::Tensor> qk_norm, const Weight& o, std::optional<at::Tensor> post_attn_norm,
-                           at::Tensor mlp_norm, const Weight& gate_up, const Weight& down, std::optional<at::Tensor> post_mlp_norm,
-                           at::Tensor cos, at::Tensor sin, std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
-                           std::vector<int64_t> rows, std::vector<int64_t> starts, std::vector<std::optional<at::Tensor>> parents,
-                           int64_t heads, int64_t kv_heads, int64_t window, double scale, double eps, bool gelu);
+                        std::optional<at::Tensor> qk_norm, const Weight& o, std::optional<at::Tensor> post_attn_norm,
+                        at::Tensor mlp_norm, const Weight& gate_up, const Weight& down, std::optional<at::Tensor> post_mlp_norm,
+                        at::Tensor cos, at::Tensor sin, std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
+                        std::vector<int64_t> rows, std::vector<int64_t> starts, std::vector<std::optional<at::Tensor>> parents,
+                        int64_t heads, int64_t kv_heads, int64_t window, double scale, double eps, bool gelu);

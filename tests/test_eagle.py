@@ -216,3 +216,60 @@ def test_head_starts_from_the_targets_lm_head_and_norm():
     assert torch.equal(plain.w["fc.weight"], head.w["fc.weight"])  # the same seed: only the given tensors differ
     with pytest.raises(ValueError, match="shape"):
         HeadModule(config, embed, d2t, t2d, seed=0, init={"lm_head.weight": torch.zeros(9, 16)})
+
+
+def _tiny_examples(config, n, seed):
+    """Feature dicts as train/features.py writes them, random but with a learnable next token."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        T, a0 = 24, 6
+        tokens = torch.randint(0, config.vocab_size, (T,), generator=g, dtype=torch.int32)
+        out.append({"tokens": tokens, "answer_start": a0,
+                    "aux": torch.randn(T, config.state_width, generator=g).half(),
+                    "hidden": torch.randn(T, config.hidden_size, generator=g).half(),
+                    "argmax": torch.randint(0, config.vocab_size, (T - a0 + 1,), generator=g, dtype=torch.int32)})
+    return out
+
+
+def test_training_can_freeze_the_lm_head_and_logs_held_out_accuracy(tmp_path):
+    """train_lm_head=False: the LM head and final norm stay the target's while the rest learns;
+    held-out accuracy is logged every val_every steps and at the end, and equals validate()'s."""
+    from verispec.models.config import RopeConfig
+    from verispec.models.eagle import HeadConfig
+    from verispec.train.trainer import HeadModule, TrainOptions, train, validate
+
+    config = HeadConfig(kind="eagle3", hidden_size=16, num_heads=2, num_kv_heads=1, head_dim=8, intermediate_size=32,
+                        rms_eps=1e-6, rope=RopeConfig(10000.0), vocab_size=40, draft_vocab_size=40, target_hidden_size=16)
+    d2t, t2d = torch.zeros(40, dtype=torch.long), torch.ones(40, dtype=torch.bool)
+    lm, norm = torch.randn(40, 16), torch.rand(16) + 0.5
+    head = HeadModule(config, torch.randn(40, 16), d2t, t2d, seed=0, init={"lm_head.weight": lm, "norm.weight": norm})
+    fc = head.w["fc.weight"].detach().clone()
+    opts = TrainOptions(draft_vocab=40, batch_tokens=96, epochs=2, warmup=1, lr=1e-2, val_every=3, bf16=False,
+                        train_lm_head=False)
+    train_ex, val_ex = _tiny_examples(config, 12, 1), _tiny_examples(config, 4, 2)
+    last = train(head, train_ex, opts, tmp_path, lm, val_ex, log=lambda *a: None)
+    assert torch.equal(head.w["lm_head.weight"], lm) and torch.equal(head.w["norm.weight"], norm)
+    assert not torch.equal(head.w["fc.weight"], fc)
+    rows = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    checked = [r["step"] for r in rows if "val_acc" in r]
+    assert checked == [s for s in range(1, len(rows) + 1) if s % 3 == 0 or s == len(rows)] and len(checked) >= 2
+    assert last["val_acc"] == pytest.approx(validate(head, val_ex, opts, lm))
+    assert all(0.0 <= a <= 1.0 for a in last["val_acc"])
+
+
+def test_feature_stage_stops_after_its_minutes_and_resumes(tiny_dir, tmp_path):
+    """FeatureOptions.minutes ends a stretch after the batch in hand (its conversations stored,
+    none lost); the next stretch carries on from the next record."""
+    from verispec.train.features import FeatureOptions, Manifest, build_features, load_shards
+
+    target = tiny_dir("llama", seed=0, vocab=320, layers=LAYERS, tokenizer="bytes")
+    data = chats(tmp_path / "chats.jsonl", n=40)
+    llm = LLM(str(target), batch_invariant=False)
+    opts = FeatureOptions(data=str(data), stop=None, max_answer=8, tokens=10**6, batch=4, minutes=0.0)
+    first = build_features(llm, opts, tmp_path / "f", (0, 1, 2), log=lambda *a: None)
+    assert first.examples == 4 and first.next_record == 4 and len(first.shards) == 1
+    second = build_features(llm, opts, tmp_path / "f", (0, 1, 2), log=lambda *a: None)
+    assert second.examples == 8 and second.next_record == 8 and len(second.shards) == 2
+    examples = load_shards(tmp_path / "f")
+    assert len(examples) == 8 and Manifest.load(tmp_path / "f").tokens == sum(len(e["tokens"]) for e in examples)

@@ -34,6 +34,7 @@ class FeatureOptions:
     tokens: int = 300_000  # stop once this many tokens (prompt + answer) are stored
     shard_tokens: int = 100_000
     batch: int = 32  # conversations regenerated together
+    minutes: float | None = None  # end this stretch after so many minutes (the next run resumes)
 
 
 @dataclass
@@ -71,6 +72,7 @@ def build_features(llm, opts: FeatureOptions, folder: Path, aux_layers: tuple[in
     bar = tqdm(total=opts.tokens, initial=man.tokens, unit="tok", desc="target features", smoothing=0.05)
     started = time.perf_counter() - man.seconds
     pending: list[tuple[int, list[int], str | None]] = []
+    stretch_start = time.perf_counter()
 
     def flush_batch() -> None:
         nonlocal shard_tokens
@@ -101,12 +103,16 @@ def build_features(llm, opts: FeatureOptions, folder: Path, aux_layers: tuple[in
         pending.append((record, prompt, exchange[1]))
         if len(pending) >= opts.batch:
             flush_batch()
-        if shard_tokens >= opts.shard_tokens or man.tokens + shard_tokens >= opts.tokens:
+        out_of_time = opts.minutes is not None and time.perf_counter() - stretch_start > 60 * opts.minutes
+        if shard and (shard_tokens >= opts.shard_tokens or man.tokens + shard_tokens >= opts.tokens or out_of_time):
             _write_shard(folder, shard, man, shard_tokens, started)
             shard, shard_tokens = [], 0
             bar.set_postfix(shards=len(man.shards))
             if man.tokens >= opts.tokens:
                 break
+        if out_of_time and not pending:
+            log(f"\nfeatures: stopping this stretch after {opts.minutes} min; run again to collect more")
+            break
     else:
         if pending:
             flush_batch()

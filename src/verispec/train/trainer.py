@@ -11,6 +11,10 @@ The recipe (the EAGLE repository's and SpecForge's, sized for this CPU):
 - soft cross-entropy against the target's distribution renormalised over the draft vocabulary, on
   the rows that predict answer tokens, step s weighted `step_weight ** s`;
 - AdamW (0.9, 0.95), linear warm-up then cosine decay, gradient clipping at 1;
+- optionally the LM head and final norm frozen at the target's (`train_lm_head=False`): half the
+  weights of a small target's head are its LM head, which otherwise learns the training set;
+- held-out teacher-forced accuracy (conversations the head never trains on) every `val_every`
+  steps, logged beside the training accuracy: the gap between the two is overfitting;
 - bfloat16 autocast for the products (the weights stay float32); checkpoints every few minutes,
   from which a stopped run resumes with its optimizer, schedule and data order.
 
@@ -49,6 +53,8 @@ class TrainOptions:
     seed: int = 0
     bf16: bool = True
     init_from_target: bool = True  # lm_head and norm start as the target's (else random / ones)
+    train_lm_head: bool = True  # False: lm_head and norm stay as they start (the target's, with init_from_target)
+    val_every: int = 100  # steps between held-out accuracy checks (and one at the end)
 
 
 class HeadModule(torch.nn.Module):
@@ -252,12 +258,32 @@ def head_config_for(target_config, draft_vocab: int) -> HeadConfig:
     )
 
 
-def train(module: HeadModule, examples: list[dict], opts: TrainOptions, folder: Path, draft_lm: torch.Tensor, log=print) -> dict:
+@torch.no_grad()
+def validate(module: HeadModule, examples: list[dict], opts: TrainOptions, draft_lm: torch.Tensor) -> list[float]:
+    """Teacher-forced accuracy per draft step over `examples` (every answer row counted once)."""
+    hits, rows = [0.0] * opts.ttt_steps, 0
+    for idx in make_batches(examples, opts, random.Random(0)):
+        batch = collate(examples, idx, opts.max_len, torch.bfloat16 if opts.bf16 else torch.float32)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=opts.bf16):
+            _, _, accs, n = ttt_loss(module, batch, opts.ttt_steps, opts.step_weight, draft_lm)
+        hits = [h + a * n for h, a in zip(hits, accs)]
+        rows += n
+    return [h / max(1, rows) for h in hits]
+
+
+FROZEN_WITHOUT_LM_HEAD = ("lm_head.weight", "norm.weight")
+
+
+def train(module: HeadModule, examples: list[dict], opts: TrainOptions, folder: Path, draft_lm: torch.Tensor,
+          val_examples: list[dict] | None = None, log=print) -> dict:
     """Train (or resume) in `folder`: ckpt.pt, log.jsonl. Returns the last progress record."""
     from tqdm import tqdm
 
     torch.manual_seed(opts.seed)
-    opt = torch.optim.AdamW(module.params.parameters(), lr=opts.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    for name, param in module.params.items():
+        param.requires_grad_(opts.train_lm_head or name.replace("__", ".") not in FROZEN_WITHOUT_LM_HEAD)
+    trainable = [p for p in module.params.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=opts.lr, betas=(0.9, 0.95), weight_decay=0.0)
     epoch_batches = make_batches(examples, opts, random.Random(opts.seed))
     total_steps = max(1, int(len(epoch_batches) * opts.epochs))
     state = {"step": 0, "seconds": 0.0, "tokens": 0}
@@ -300,19 +326,25 @@ def train(module: HeadModule, examples: list[dict], opts: TrainOptions, folder: 
             loss, kl, accs, rows = ttt_loss(module, batch, opts.ttt_steps, opts.step_weight, draft_lm)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(module.params.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         opt.step()
         state["step"] += 1
         state["seconds"] += time.perf_counter() - t0
         state["tokens"] += rows
-        for key, value in [("loss", float(loss)), ("kl", kl)] + [(f"acc{i}", a) for i, a in enumerate(accs)]:
+        for key, value in [("loss", float(loss.detach())), ("kl", kl)] + [(f"acc{i}", a) for i, a in enumerate(accs)]:
             smooth[key] = value if key not in smooth else 0.95 * smooth[key] + 0.05 * value
         est = estimated_accept_length([smooth[f"acc{i}"] for i in range(len(accs))])
         record = {"step": state["step"], "epoch": state["step"] / len(epoch_batches), "lr": lr_at(state["step"] - 1),
-                  "loss": float(loss), "kl": kl, "acc": accs, "est_accept": est, "seconds": state["seconds"], "tokens": state["tokens"]}
+                  "loss": float(loss.detach()), "kl": kl, "acc": accs, "est_accept": est, "seconds": state["seconds"], "tokens": state["tokens"]}
+        if val_examples and (state["step"] % opts.val_every == 0 or state["step"] == total_steps):
+            record["val_acc"] = validate(module, val_examples, opts, draft_lm)
+            record["val_est_accept"] = estimated_accept_length(record["val_acc"])
+            state["val"] = record["val_acc"]
         logf.write(json.dumps(record) + "\n")
+        logf.flush()  # a stopped run keeps its log up to its last step
+        val = "/".join(f"{a:.2f}" for a in state.get("val", []))
         bar.set_postfix(loss=f"{smooth['loss']:.3f}", kl=f"{smooth['kl']:.3f}", acc="/".join(f"{smooth[f'acc{i}']:.2f}" for i in range(len(accs))),
-                        est_len=f"{est:.2f}")
+                        est_len=f"{est:.2f}", **({"held_out": val} if val else {}))
         bar.update(1)
         if time.perf_counter() - last_save > 60 * opts.checkpoint_minutes:
             save()
@@ -323,4 +355,7 @@ def train(module: HeadModule, examples: list[dict], opts: TrainOptions, folder: 
     save()
     bar.close()
     logf.close()
+    if val_examples and "val_acc" not in record:  # a resumed finished run, or a stretch that stopped early
+        record["val_acc"] = validate(module, val_examples, opts, draft_lm)
+        record["val_est_accept"] = estimated_accept_length(record["val_acc"])
     return {**record, "total_steps": total_steps, "done": state["step"] >= total_steps}

@@ -124,3 +124,21 @@ def test_measured_curve_is_timed_once_per_machine_and_model_then_read(tiny_dir, 
     LLM(str(tiny_dir("llama")), speculative=dict(spec, cost_profile="builtin"))
     LLM(str(tiny_dir("llama")))  # plain decoding needs no curve
     assert len(timed) == 3
+
+
+def test_memo_files_keep_only_their_newest_entries(tmp_path, monkeypatch):
+    """A memo file (cost curves, file hashes) keeps the MEMO_ENTRIES newest keys, so test runs
+    over temporary models do not grow it without bound; an evicted key is computed again."""
+    import json
+
+    from verispec.models import loaders
+
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(loaders, "MEMO_ENTRIES", 3)
+    calls = []
+    for key in "abcde":
+        assert loaders.memoised("m.json", key, lambda k=key: calls.append(k) or k.upper()) == key.upper()
+    assert list(json.loads((tmp_path / "m.json").read_text())) == ["c", "d", "e"]
+    assert loaders.memoised("m.json", "e", lambda: "new") == "E"  # kept: read, not computed
+    assert loaders.memoised("m.json", "a", lambda: "again") == "again"  # evicted: computed again
+    assert calls == list("abcde")

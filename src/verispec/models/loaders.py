@@ -124,8 +124,12 @@ def file_key(path: Path) -> str:
     return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
 
 
+MEMO_ENTRIES = 256  # newest keys a memo file keeps (keys name model files, and test runs make many)
+
+
 def memoised(name: str, key: str, compute):
     """`compute()` once per key, remembered in cache_root()/name (a JSON object, replaced atomically).
+    The file keeps the MEMO_ENTRIES most recently added keys; older ones are computed again if asked.
 
     A cache that cannot be written is reported and skipped: the value is computed again next time."""
     memo = cache_root() / name
@@ -136,6 +140,8 @@ def memoised(name: str, key: str, compute):
     if key in known:
         return known[key]
     known[key] = value = compute()
+    for stale in list(known)[: max(0, len(known) - MEMO_ENTRIES)]:  # insertion order: the oldest first
+        del known[stale]
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
         tmp = memo.with_suffix(f".{os.getpid()}.tmp")

@@ -55,8 +55,10 @@ class Manifest:
         (folder / "features.json").write_text(json.dumps(self.__dict__, indent=1) + "\n")
 
 
-def build_features(llm, opts: FeatureOptions, folder: Path, aux_layers: tuple[int, ...], log=print) -> Manifest:
-    """Fill `folder` with shards until `opts.tokens` tokens are stored (resuming where it stopped)."""
+def build_features(llm, opts: FeatureOptions, folder: Path, aux_layers: tuple[int, ...], log=print,
+                   generator=None) -> Manifest:
+    """Fill `folder` with shards until `opts.tokens` tokens are stored (resuming where it stopped).
+    `llm` computes the features; `generator` (default: `llm`) regenerates the answers."""
     from tqdm import tqdm
 
     from verispec.config import SamplingParams
@@ -78,7 +80,7 @@ def build_features(llm, opts: FeatureOptions, folder: Path, aux_layers: tuple[in
         nonlocal shard_tokens
         answers: list[list[int]]
         if opts.regenerate:
-            outs = llm.generate([p for _, p, _ in pending], params)
+            outs = (generator or llm).generate([p for _, p, _ in pending], params)
             answers = [list(o.token_ids) for o in outs]
         else:
             answers = [tok.encode(a, add_special_tokens=False)[: opts.max_answer] for _, _, a in pending]

@@ -256,6 +256,13 @@ def test_training_can_freeze_the_lm_head_and_logs_held_out_accuracy(tmp_path):
     assert checked == [s for s in range(1, len(rows) + 1) if s % 3 == 0 or s == len(rows)] and len(checked) >= 2
     assert last["val_acc"] == pytest.approx(validate(head, val_ex, opts, lm))
     assert all(0.0 <= a <= 1.0 for a in last["val_acc"])
+    # resuming with the other setting would mismatch the optimizer's state: refused, saying why
+    from dataclasses import replace
+
+    from verispec.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no-train-lm-head"):
+        train(head, train_ex, replace(opts, train_lm_head=True), tmp_path, lm, val_ex, log=lambda *a: None)
 
 
 def test_feature_stage_stops_after_its_minutes_and_resumes(tiny_dir, tmp_path):

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from verispec.errors import ConfigError
 from verispec.models.config import RopeConfig
 from verispec.models.eagle import HeadConfig, after_attention, embed_and_state, logits, qkv
 from verispec.models.transformer import RopeTable
@@ -290,6 +291,10 @@ def train(module: HeadModule, examples: list[dict], opts: TrainOptions, folder: 
     ckpt = folder / "ckpt.pt"
     if ckpt.exists():
         saved = torch.load(ckpt, weights_only=False)
+        was = saved.get("options", {}).get("train_lm_head", True)
+        if was != opts.train_lm_head:
+            raise ConfigError(f"{ckpt} was trained with the LM head {'trained' if was else 'frozen'}; resume with "
+                              f"--{'' if was else 'no-'}train-lm-head or start a new run folder")
         module.params.load_state_dict(saved["params"])
         opt.load_state_dict(saved["opt"])
         state = saved["state"]

@@ -219,7 +219,7 @@ def test_head_starts_from_the_targets_lm_head_and_norm():
 
 
 def _tiny_examples(config, n, seed):
-    """Feature dicts as train/features.py writes them, random but with a learnable next token."""
+    """Feature dicts shaped as train/features.py writes them, with random contents."""
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(n):

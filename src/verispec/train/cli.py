@@ -94,21 +94,22 @@ def run(args: argparse.Namespace) -> int:
     val_opts = FeatureOptions(data="sharegpt", start=args.eval_start, stop=args.eval_start + 10_000, max_prompt=args.max_prompt,
                               max_answer=args.max_answer, regenerate=True, tokens=args.val_tokens)
     want_val = args.val_tokens > 0 and args.data == "sharegpt"
-    if Manifest.load(folder / "features").tokens < args.tokens or (want_val and Manifest.load(folder / "val-features").tokens < args.val_tokens):
+    val_dir = folder / "val-features"
+    if Manifest.load(folder / "features").tokens < args.tokens or (want_val and Manifest.load(val_dir).tokens < args.val_tokens):
         llm = LLM(args.model, batch_invariant=False, weights_format="float32", dtype=args.feature_dtype, max_num_seqs=32)
         # answers by the engine as it serves (float32, its kernels): the text the head will draft for, and
         # faster here than bfloat16 at 32 sequences (203 vs 162 tok/s: bfloat16 loses in per-sequence attention)
         generator = LLM(args.model, max_num_seqs=32) if args.regenerate or want_val else None
         build_features(llm, fopts, folder / "features", layers, generator=generator)
         if want_val:
-            build_features(llm, val_opts, folder / "val-features", layers, generator=generator)
+            build_features(llm, val_opts, val_dir, layers, generator=generator)
         del llm, generator
     examples = load_shards(folder / "features")
     for extra in args.more_features:
         if not Manifest.load(Path(extra)).shards:
             raise ConfigError(f"--more-features {extra}: no feature shards there (a train-draft run's <out>/features folder)")
         examples += load_shards(Path(extra))
-    val_examples = load_shards(folder / "val-features") if want_val else None
+    val_examples = load_shards(val_dir) if want_val else None
     if not examples:
         raise ConfigError(f"no training examples found in {args.data} records {start}:{stop}")
     # 2. vocabulary
@@ -144,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     # 5. report
     report = {"recipe": recipe, "train_estimate": {k: last.get(k) for k in ("loss", "kl", "acc", "est_accept")}}
     if val_examples:
-        report["heldout_teacher_forced"] = {"examples": len(val_examples), "tokens": Manifest.load(folder / "val-features").tokens,
+        report["heldout_teacher_forced"] = {"examples": len(val_examples), "tokens": Manifest.load(val_dir).tokens,
                                             "acc": last.get("val_acc"), "est_accept": last.get("val_est_accept")}
         print(f"held-out teacher-forced accuracy by draft step ({len(val_examples)} conversations): "
               f"{', '.join(f'{a:.2f}' for a in last.get('val_acc') or [])}")

@@ -259,17 +259,31 @@ def head_config_for(target_config, draft_vocab: int) -> HeadConfig:
     )
 
 
+def _batch(examples: list[dict], idx: list[int], opts: TrainOptions) -> dict:
+    return collate(examples, idx, opts.max_len, torch.bfloat16 if opts.bf16 else torch.float32)
+
+
+def _ttt(module: HeadModule, batch: dict, opts: TrainOptions, draft_lm: torch.Tensor):
+    """ttt_loss under the options' precision: what training and validation both run."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=opts.bf16):
+        return ttt_loss(module, batch, opts.ttt_steps, opts.step_weight, draft_lm)
+
+
 @torch.no_grad()
 def validate(module: HeadModule, examples: list[dict], opts: TrainOptions, draft_lm: torch.Tensor) -> list[float]:
     """Teacher-forced accuracy per draft step over `examples` (every answer row counted once)."""
     hits, rows = [0.0] * opts.ttt_steps, 0
     for idx in make_batches(examples, opts, random.Random(0)):
-        batch = collate(examples, idx, opts.max_len, torch.bfloat16 if opts.bf16 else torch.float32)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=opts.bf16):
-            _, _, accs, n = ttt_loss(module, batch, opts.ttt_steps, opts.step_weight, draft_lm)
+        _, _, accs, n = _ttt(module, _batch(examples, idx, opts), opts, draft_lm)
         hits = [h + a * n for h, a in zip(hits, accs)]
         rows += n
     return [h / max(1, rows) for h in hits]
+
+
+def _held_out(module: HeadModule, examples: list[dict], opts: TrainOptions, draft_lm: torch.Tensor) -> dict:
+    """The progress record's held-out fields."""
+    acc = validate(module, examples, opts, draft_lm)
+    return {"val_acc": acc, "val_est_accept": estimated_accept_length(acc)}
 
 
 FROZEN_WITHOUT_LM_HEAD = ("lm_head.weight", "norm.weight")
@@ -322,13 +336,11 @@ def train(module: HeadModule, examples: list[dict], opts: TrainOptions, folder: 
             order = list(range(len(epoch_batches)))
             random.Random(opts.seed * 1000 + epoch).shuffle(order)
             state["order"], state["order_epoch"] = order, epoch
-        batch = collate(examples, epoch_batches[state["order"][within]], opts.max_len,
-                        torch.bfloat16 if opts.bf16 else torch.float32)
+        batch = _batch(examples, epoch_batches[state["order"][within]], opts)
         t0 = time.perf_counter()
         for group in opt.param_groups:
             group["lr"] = lr_at(state["step"])
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=opts.bf16):
-            loss, kl, accs, rows = ttt_loss(module, batch, opts.ttt_steps, opts.step_weight, draft_lm)
+        loss, kl, accs, rows = _ttt(module, batch, opts, draft_lm)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
@@ -336,14 +348,14 @@ def train(module: HeadModule, examples: list[dict], opts: TrainOptions, folder: 
         state["step"] += 1
         state["seconds"] += time.perf_counter() - t0
         state["tokens"] += rows
-        for key, value in [("loss", float(loss.detach())), ("kl", kl)] + [(f"acc{i}", a) for i, a in enumerate(accs)]:
+        loss_value = float(loss.detach())
+        for key, value in [("loss", loss_value), ("kl", kl)] + [(f"acc{i}", a) for i, a in enumerate(accs)]:
             smooth[key] = value if key not in smooth else 0.95 * smooth[key] + 0.05 * value
         est = estimated_accept_length([smooth[f"acc{i}"] for i in range(len(accs))])
         record = {"step": state["step"], "epoch": state["step"] / len(epoch_batches), "lr": lr_at(state["step"] - 1),
-                  "loss": float(loss.detach()), "kl": kl, "acc": accs, "est_accept": est, "seconds": state["seconds"], "tokens": state["tokens"]}
+                  "loss": loss_value, "kl": kl, "acc": accs, "est_accept": est, "seconds": state["seconds"], "tokens": state["tokens"]}
         if val_examples and (state["step"] % opts.val_every == 0 or state["step"] == total_steps):
-            record["val_acc"] = validate(module, val_examples, opts, draft_lm)
-            record["val_est_accept"] = estimated_accept_length(record["val_acc"])
+            record.update(_held_out(module, val_examples, opts, draft_lm))
             state["val"] = record["val_acc"]
         logf.write(json.dumps(record) + "\n")
         logf.flush()  # a stopped run keeps its log up to its last step
@@ -361,6 +373,5 @@ def train(module: HeadModule, examples: list[dict], opts: TrainOptions, folder: 
     bar.close()
     logf.close()
     if val_examples and "val_acc" not in record:  # a resumed finished run, or a stretch that stopped early
-        record["val_acc"] = validate(module, val_examples, opts, draft_lm)
-        record["val_est_accept"] = estimated_accept_length(record["val_acc"])
+        record.update(_held_out(module, val_examples, opts, draft_lm))
     return {**record, "total_steps": total_steps, "done": state["step"] >= total_steps}

@@ -70,6 +70,36 @@ def test_greedy_identical_with_a_published_head(tiny_dir, heads, kind, head, k):
     assert sum(o.metrics.num_draft_tokens for o in outs) > 0
 
 
+def test_kernel_products_give_the_heads_float32_products(tiny_dir, heads, tmp_path):
+    """A drafting step through the row-wise kernels (q/k/v and gate/up fused, weights as stored)
+    gives the logits torch's float32 products give; a float16 or bfloat16 checkpoint is multiplied
+    in those bytes (half the memory read: the same values), a float32 one in float32."""
+    from verispec.models import rowwise
+    from verispec.models.eagle import EagleHead
+
+    if rowwise.kernel() is None:
+        pytest.skip("no row-wise kernel on this machine")
+    single = write_eagle3_head(tmp_path / "f32", seed=3, dtype=torch.float32)
+    brain = write_eagle3_head(tmp_path / "bf16", seed=3, dtype=torch.bfloat16)
+    # bfloat16 values that float16 also holds exactly go as float16: the same values either way
+    for folder, codes in ((single, {0}), (heads["published"], {1}), (brain, {1, 30})):
+        config, weights = load_head(folder, 64, 96)
+        head = EagleHead(config, weights, lambda t: torch.nn.functional.embedding(t, torch.randn(96, 64, generator=torch.Generator().manual_seed(0))))
+        types = head.products["qkv"][0][1] + head.products["lm_head"][0][1]
+        assert len(types) == 4 and set(types) <= codes
+        g = torch.Generator().manual_seed(4)
+        states, tokens = torch.randn(12, config.state_width, generator=g), torch.randint(3, 96, (12,), generator=g)
+        runs = []
+        for products in (head.products, {}):
+            head.products = products
+            cache = head.new_cache(16)
+            head.forward(states[:9], tokens[:9], cache, fused=True)  # a short prompt: kernel rows too
+            logits, pre = head.forward(states[9:10], tokens[9:10], cache, fused=True)
+            step, _ = head.forward(pre, tokens[10:11], cache, fused=False)
+            runs.append(torch.cat([logits, step]))
+        torch.testing.assert_close(runs[0], runs[1], atol=2e-5, rtol=1e-5)
+
+
 def test_first_draft_is_the_head_over_the_targets_states(tiny_dir, heads):
     """The drafter pairs each target state with the next token (state p, token p + 1): its first
     draft equals the head run by hand over a fresh forward's states."""

@@ -56,7 +56,7 @@ def test_unpacking_is_gguf_py_bit_for_bit_on_every_variant(fmt):
 FORMATS_BY_NAME = {name: t for t, (name, _, _) in FORMATS.items()}
 
 
-@pytest.mark.parametrize("fmt", ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("fmt", ["F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
 def test_products_over_blocks_are_the_float32_products_row_for_row(fmt):
     rows, cols = 37, 768  # 37 outputs: whole blocks of outputs and a remainder
     raw = _blocks(fmt, rows, cols, seed=3)

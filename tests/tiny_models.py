@@ -134,9 +134,10 @@ def save_word_tokenizer(folder: Path, vocab: int = VOCAB) -> None:
 
 def write_eagle3_head(folder: Path, hidden: int = 64, target_vocab: int = VOCAB, draft_vocab: int = 40, seed: int = 0,
                       aux_layers: list[int] | None = None, vllm_names: bool = False, heads: int = 4, kv_heads: int = 2,
-                      scale: float = 0.2) -> Path:
+                      scale: float = 0.2, dtype: torch.dtype = torch.float16) -> Path:
     """An EAGLE-3 head written the way the published checkpoints are (names and shapes from the
-    SpecForge / vLLM format, independently of verispec's own writer): random weights, float16."""
+    SpecForge / vLLM format, independently of verispec's own writer): random weights, float16
+    (or `dtype`)."""
     from safetensors.torch import save_file
 
     g = torch.Generator().manual_seed(seed)
@@ -144,22 +145,22 @@ def write_eagle3_head(folder: Path, hidden: int = 64, target_vocab: int = VOCAB,
     inter = 2 * hidden
 
     def r(*shape):
-        return (torch.randn(*shape, generator=g) * scale).half()
+        return (torch.randn(*shape, generator=g) * scale).to(dtype)
 
     layer = "model.layers.0." if vllm_names else "midlayer."
     tensors = {
         "fc.weight": r(hidden, 3 * hidden),
-        layer + "input_layernorm.weight": torch.ones(hidden).half(),
-        layer + "hidden_norm.weight": torch.ones(hidden).half(),
+        layer + "input_layernorm.weight": torch.ones(hidden).to(dtype),
+        layer + "hidden_norm.weight": torch.ones(hidden).to(dtype),
         layer + "self_attn.q_proj.weight": r(heads * head_dim, 2 * hidden),
         layer + "self_attn.k_proj.weight": r(kv_heads * head_dim, 2 * hidden),
         layer + "self_attn.v_proj.weight": r(kv_heads * head_dim, 2 * hidden),
         layer + "self_attn.o_proj.weight": r(hidden, heads * head_dim),
-        layer + "post_attention_layernorm.weight": torch.ones(hidden).half(),
+        layer + "post_attention_layernorm.weight": torch.ones(hidden).to(dtype),
         layer + "mlp.gate_proj.weight": r(inter, hidden),
         layer + "mlp.up_proj.weight": r(inter, hidden),
         layer + "mlp.down_proj.weight": r(hidden, inter),
-        "norm.weight": torch.ones(hidden).half(),
+        "norm.weight": torch.ones(hidden).to(dtype),
         "lm_head.weight": r(draft_vocab, hidden),
     }
     ids = torch.randperm(target_vocab, generator=g)[:draft_vocab].sort().values  # target ids of the draft vocabulary
@@ -172,7 +173,7 @@ def write_eagle3_head(folder: Path, hidden: int = 64, target_vocab: int = VOCAB,
     config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,
               "hidden_size": hidden, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
               "intermediate_size": inter, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "vocab_size": target_vocab,
-              "draft_vocab_size": draft_vocab, "hidden_act": "silu", "torch_dtype": "float16"}
+              "draft_vocab_size": draft_vocab, "hidden_act": "silu", "torch_dtype": str(dtype).removeprefix("torch.")}
     if aux_layers is not None:
         config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": aux_layers}
     (folder / "config.json").write_text(json.dumps(config))

@@ -22,6 +22,11 @@ gives logits over the whole vocabulary.
 Everything here runs in float32 on any torch device. The attention differs between inference
 (a KV cache, `EagleHead.forward`) and training (the training-time test's mask, train/trainer.py),
 so both share the pieces before and after it (`embed_and_state`, `qkv`, `after_attention`).
+On the CPU with the row-wise kernels, the inference head's drafting steps (a few rows) multiply
+by its matrices as stored (float16 or bfloat16 where the float32 values are exactly that: half the
+bytes, the same values), q/k/v and gate/up each in one call (`kernel_project`); longer runs (a
+prompt's states) and training keep torch's products. Drafts never change the output, only which
+tokens are proposed.
 """
 
 from __future__ import annotations
@@ -31,9 +36,18 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from verispec.models import rowwise
 from verispec.models.config import RopeConfig
 from verispec.models.kv_cache import KVCache
+from verispec.models.quant import FORMATS
 from verispec.models.transformer import RopeTable
+
+KERNEL_ROWS = 16  # drafting steps and short updates: the kernel's products; more rows: torch's
+F16, BF16 = 1, 30  # ggml's type numbers (models/quant.py)
+FUSED = {  # products made in one call: the kernel's Weight stacks the parts
+    "qkv": ("midlayer.self_attn.q_proj", "midlayer.self_attn.k_proj", "midlayer.self_attn.v_proj"),
+    "gate_up": ("midlayer.mlp.gate_proj", "midlayer.mlp.up_proj"),
+}
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
@@ -87,6 +101,20 @@ class EagleHead:
         self.rope = RopeTable(config.rope, config.head_dim)
         d2t = weights.get("d2t")
         self.target_ids = torch.arange(config.draft_vocab_size) + (d2t if d2t is not None else 0)  # [draft_vocab]
+        self.kernel = rowwise.kernel() if self.lm_head.device.type == "cpu" else None
+        self.products = kernel_weights(self) if self.kernel is not None else {}
+
+    def kernel_project(self, x: torch.Tensor, key: str) -> torch.Tensor | None:
+        """x [..., in] times the stacked matrices `key` (FUSED, or one weight's name prefix / "lm_head")
+        through the kernel: [..., out], or None where the torch products apply (too many rows, no kernel)."""
+        weight = self.products.get(key)
+        rows = x.numel() // x.shape[-1]
+        if weight is None or rows > KERNEL_ROWS:
+            return None
+        y = self.kernel.weight_mm(x.reshape(rows, x.shape[-1]).float().contiguous(), weight[0])
+        if weight[1] is not None:
+            y = y + weight[1]
+        return y.view(*x.shape[:-1], y.shape[-1])
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         if "embed_tokens.weight" in self.w:
@@ -125,6 +153,40 @@ class EagleHead:
         return logits(self, pre), pre
 
 
+def _part(w: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """A float32 matrix as a kernel Weight part: its float16 or bfloat16 bytes where those hold
+    exactly its values (a checkpoint stored so), else itself."""
+    for dtype, code in ((torch.float16, F16), (torch.bfloat16, BF16)):
+        narrow = w.to(dtype)
+        if torch.equal(narrow.float(), w) and w.shape[1] % FORMATS[code][1] == 0:
+            return narrow.contiguous().view(torch.uint8), code
+    return w.float().contiguous(), 0
+
+
+def kernel_weights(head: "EagleHead") -> dict[str, tuple[tuple[list[torch.Tensor], list[int]], torch.Tensor | None]]:
+    """The head's matrices as kernel Weights: key -> ((parts, types), bias or None)."""
+    w = head.w
+    groups = {**FUSED, "fc": ("fc",), "o": ("midlayer.self_attn.o_proj",), "down": ("midlayer.mlp.down_proj",)}
+    out = {}
+    for key, names in groups.items():
+        if not all(f"{n}.weight" in w for n in names):
+            continue
+        parts, types = zip(*(_part(w[f"{n}.weight"]) for n in names))
+        biases = [w.get(f"{n}.bias") for n in names]
+        bias = None if all(b is None for b in biases) else torch.cat(
+            [b if b is not None else torch.zeros(w[f"{n}.weight"].shape[0]) for b, n in zip(biases, names)])
+        out[key] = ((list(parts), list(types)), bias)
+    lm_part, lm_type = _part(head.lm_head)
+    out["lm_head"] = (([lm_part], [lm_type]), None)
+    return out
+
+
+def _linear(head, x: torch.Tensor, key: str, name: str) -> torch.Tensor:
+    """One matrix: the kernel's product where it applies, else F.linear over the float32 weight."""
+    y = head.kernel_project(x, key) if hasattr(head, "kernel_project") else None
+    return y if y is not None else F.linear(x, head.w[name + ".weight"], head.w.get(name + ".bias"))
+
+
 def embed_and_state(head, states: torch.Tensor, e: torch.Tensor, fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The attention's input and the residual from the states and the token embeddings e [..., T, H]:
     ([..., T, 2H] (EAGLE-1/2: [..., T, H]), [..., T, H])."""
@@ -132,7 +194,7 @@ def embed_and_state(head, states: torch.Tensor, e: torch.Tensor, fused: bool) ->
     if c.kind == "eagle1":
         x = F.linear(torch.cat([e, states], -1), w["fc.weight"], w.get("fc.bias"))
         return x, x
-    s = F.linear(states, w["fc.weight"]) if fused else states
+    s = _linear(head, states, "fc", "fc") if fused else states
     e = rms(e, w["midlayer.input_layernorm.weight"], c.rms_eps)
     if c.norm_before_residual:
         s = rms(s, w["midlayer.hidden_norm.weight"], c.rms_eps)
@@ -145,24 +207,32 @@ def qkv(head, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     c, w = head.config, head.w
     shape = x.shape[:-1]
     p = "midlayer.self_attn."
-    q = F.linear(x, w[p + "q_proj.weight"], w.get(p + "q_proj.bias")).view(*shape, c.num_heads, c.head_dim)
-    k = F.linear(x, w[p + "k_proj.weight"], w.get(p + "k_proj.bias")).view(*shape, c.num_kv_heads, c.head_dim)
-    v = F.linear(x, w[p + "v_proj.weight"], w.get(p + "v_proj.bias")).view(*shape, c.num_kv_heads, c.head_dim)
+    fused = head.kernel_project(x, "qkv") if hasattr(head, "kernel_project") else None  # [..., T, (heads + 2 kv) * D]
+    if fused is not None:
+        q, k, v = fused.split([c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim], -1)
+    else:
+        q, k, v = (F.linear(x, w[p + n + ".weight"], w.get(p + n + ".bias")) for n in ("q_proj", "k_proj", "v_proj"))
+    q = q.reshape(*shape, c.num_heads, c.head_dim)
+    k = k.reshape(*shape, c.num_kv_heads, c.head_dim)
+    v = v.reshape(*shape, c.num_kv_heads, c.head_dim)
     return rotate(q, cos, sin), rotate(k, cos, sin), v
 
 
 def after_attention(head, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     """o_proj, the residual, the MLP: the pre-norm output [..., T, H]."""
     c, w = head.config, head.w
-    x = F.linear(attn, w["midlayer.self_attn.o_proj.weight"]) + residual
+    x = _linear(head, attn, "o", "midlayer.self_attn.o_proj") + residual
     h = rms(x, w["midlayer.post_attention_layernorm.weight"], c.rms_eps)
-    m = F.linear(F.silu(F.linear(h, w["midlayer.mlp.gate_proj.weight"])) * F.linear(h, w["midlayer.mlp.up_proj.weight"]),
-                 w["midlayer.mlp.down_proj.weight"])
-    return m + x
+    gate_up = head.kernel_project(h, "gate_up") if hasattr(head, "kernel_project") else None  # [..., T, 2I]
+    if gate_up is not None:
+        gate, up = gate_up.chunk(2, -1)
+    else:
+        gate, up = F.linear(h, w["midlayer.mlp.gate_proj.weight"]), F.linear(h, w["midlayer.mlp.up_proj.weight"])
+    return _linear(head, F.silu(gate) * up, "down", "midlayer.mlp.down_proj") + x
 
 
 def logits(head, pre: torch.Tensor) -> torch.Tensor:
     """[..., T, draft_vocab] (EAGLE-1/2: the target's LM head over the un-normed output)."""
-    if head.config.kind == "eagle1":
-        return F.linear(pre, head.lm_head)
-    return F.linear(rms(pre, head.w["norm.weight"], head.config.rms_eps), head.lm_head)
+    x = pre if head.config.kind == "eagle1" else rms(pre, head.w["norm.weight"], head.config.rms_eps)
+    y = head.kernel_project(x, "lm_head") if hasattr(head, "kernel_project") else None
+    return y if y is not None else F.linear(x, head.lm_head)

@@ -100,16 +100,42 @@ struct Format<F32> {  // plain float32 rows (ops.h's products): no unpacking
   static constexpr int kElems = 1, kBytes = 4;
 };
 
+// 16 float16 / bfloat16 values as floats: exact conversions, so every variant gives the same lanes
+inline V halves16(const uint8_t* p) {
+#if defined(VERISPEC_AVX512)
+  return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
+#elif defined(VERISPEC_AVX2)
+  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)))};
+#else
+  float t[16];
+  for (int i = 0; i < 16; ++i) t[i] = half_at(p + 2 * i);
+  return load(t);
+#endif
+}
+
+inline V bf16s16(const uint8_t* p) {
+#if defined(VERISPEC_AVX512)
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16))};
+#elif defined(VERISPEC_AVX2)
+  const auto wide = [](const uint8_t* q) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))), 16));
+  };
+  return {wide(p), wide(p + 16)};
+#else
+  float t[16];
+  for (int i = 0; i < 16; ++i) t[i] = bf16_at(p + 2 * i);
+  return load(t);
+#endif
+}
+
 template <>
 struct Format<F16> {
   static constexpr int kElems = 32, kBytes = 64;
   template <class F>
   VS_ALWAYS_INLINE static void each(const uint8_t* b, F&& f) {
-    for (int j = 0; j < 32; j += 16) {
-      float t[16];
-      for (int i = 0; i < 16; ++i) t[i] = half_at(b + 2 * (j + i));
-      f(j, load(t));
-    }
+    f(0, halves16(b));
+    f(16, halves16(b + 32));
   }
 };
 
@@ -118,11 +144,8 @@ struct Format<BF16> {
   static constexpr int kElems = 32, kBytes = 64;
   template <class F>
   VS_ALWAYS_INLINE static void each(const uint8_t* b, F&& f) {
-    for (int j = 0; j < 32; j += 16) {
-      float t[16];
-      for (int i = 0; i < 16; ++i) t[i] = bf16_at(b + 2 * (j + i));
-      f(j, load(t));
-    }
+    f(0, bf16s16(b));
+    f(16, bf16s16(b + 32));
   }
 };
 

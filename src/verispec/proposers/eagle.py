@@ -54,6 +54,18 @@ def bundled_head(target) -> Path:
         "`verispec train-draft`")
 
 
+def has_bundled_head(target) -> bool:
+    """Whether verispec ships a head for this target and its backend can serve it (eagle3 needs
+    the target's hidden states: the torch backend)."""
+    if not getattr(target, "returns_aux", False):
+        return False
+    try:
+        bundled_head(target)
+    except InvalidSpeculativeConfigError:
+        return False
+    return True
+
+
 @dataclass
 class _Seq:
     cache: KVCache

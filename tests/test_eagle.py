@@ -70,6 +70,52 @@ def test_greedy_identical_with_a_published_head(tiny_dir, heads, kind, head, k):
     assert sum(o.metrics.num_draft_tokens for o in outs) > 0
 
 
+@pytest.mark.parametrize("kind,head", [("llama", "published"), ("gemma3", "gemma3")])
+def test_eagle3_trees_keep_greedy_output(tiny_dir, heads, kind, head):
+    """tree_max_nodes with eagle3: the head's chain and each level's runner-up, verified as a tree,
+    sized by the head's own probabilities; greedy output identical to plain decoding. With
+    adaptive_k off every node is verified, so the trees really run."""
+    target = tiny_dir(kind, seed=0, layers=LAYERS if kind == "llama" else 2)
+    ps = prompts()
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    ref = [o.token_ids for o in LLM(str(target)).generate(ps, params)]
+    spec = {"method": "eagle3", "draft_model": str(heads[head]), "num_speculative_tokens": 3, "tree_max_nodes": 6,
+            "adaptive_k": False}
+    outs = LLM(str(target), speculative=spec).generate(ps, params)
+    assert [o.token_ids for o in outs] == ref
+    assert sum(o.metrics.num_draft_tokens for o in outs) >= 6 * len(ps)  # whole trees verified, not chains of 1
+
+
+def test_eagle3_tree_is_best_first_with_path_probabilities(tiny_dir, heads):
+    """propose_tree's nodes: best first, every parent before its children, each node's probability
+    its parent's times the head's own probability of it (a main chain and one runner-up per level)."""
+    from verispec.proposers.base import SequenceView
+    from verispec.proposers.eagle import EXPAND_MIN
+
+    llm = LLM(str(tiny_dir("llama", seed=0, layers=LAYERS)), speculative={"method": "eagle3", "draft_model": str(heads["published"])})
+    proposer, runner = llm.decoder.proposer, llm.runner
+    ids = prompts(1, seed=5)[0]
+    seq = runner.open(64)
+    out = runner.forward(seq, ids, num_logits=1, aux_layers=proposer.target_states)
+    view = SequenceView(request_id=7, tokens=ids + [int(out.logits[-1].argmax())], num_prompt_tokens=len(ids),
+                        params=SamplingParams(temperature=0.0), generator=None, capacity=64)
+    view.states.append(out.aux)
+    proposer.begin(view)
+    tree = proposer.propose_tree(view, 3, 16)
+    runner.close(seq)
+    levels = len(tree) // 2  # each level: the main chain's node and its runner-up
+    assert 1 <= levels <= 3 and len(tree) == 2 * levels and tree.probs is None
+    assert tree.node_probs == sorted(tree.node_probs, reverse=True)
+    assert all(p < i for i, p in enumerate(tree.parents))
+    main = tree.main_path()
+    chain = [tree.node_probs[i] for i in range(len(tree)) if main[i]]
+    assert len(chain) == levels and tree.parents[0] == -1 and tree.parents.count(-1) == 2
+    for i, p in enumerate(tree.parents):
+        assert tree.node_probs[i] <= (1.0 if p < 0 else tree.node_probs[p]) + 1e-7
+    # the chain grew while its path was likely enough, and stopped where it was not (or at the depth asked)
+    assert all(q >= EXPAND_MIN for q in chain[:-1]) and (levels == 3 or chain[-1] < EXPAND_MIN)
+
+
 def test_kernel_products_give_the_heads_float32_products(tiny_dir, heads, tmp_path):
     """A drafting step through the row-wise kernels (q/k/v and gate/up fused, weights as stored)
     gives the logits torch's float32 products give; a float16 or bfloat16 checkpoint is multiplied

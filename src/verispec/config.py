@@ -201,7 +201,7 @@ class SpeculativeConfig:
         None, "suffix: a file whose documents seed the earlier responses (.jsonl of strings or {\"text\": ...}; "
         "else plain text, documents between blank lines)")
     tree_max_nodes: int = opt(
-        0, "token trees: a drafter that branches (suffix) proposes trees of up to this many nodes, at most "
+        0, "token trees: a drafter that branches (suffix, eagle3) proposes trees of up to this many nodes, at most "
         "num_speculative_tokens deep, each verified in one forward; adaptive_k keeps the nodes the cost curve "
         "pays for. Torch backend; requests with penalties, grammars or logit_bias keep chains (0 = chains)")
     adaptive_k: bool = opt(

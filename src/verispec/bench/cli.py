@@ -18,7 +18,7 @@ def add_bench_parser(sub) -> None:
                         "of all (default: smollm2-135m)")
     b.add_argument("--methods", default="plain,prompt_lookup,hf,hf_prompt_lookup,llamacpp,llamacpp_prompt_lookup",
                    help="comma list; 'plain' (ours) is the baseline; ours: plain, prompt_lookup, suffix (earlier responses "
-                        "of the run kept), suffix_cold (none kept), suffix_tree (token trees of up to 16 nodes), draft_model, eagle3, hybrid (suffix where confident, "
+                        "of the run kept), suffix_cold (none kept), suffix_tree (token trees of up to 16 nodes), draft_model, eagle3, eagle3_tree (the head's chain and runners-up as a tree, sized by its probabilities), hybrid (suffix where confident, "
                         "else --eagle-head or --draft-model), each "
                         "optionally on another backend and weights format (plain@llamacpp, prompt_lookup@llamacpp:Q8_0; "
                         "plain@torch:fast = torch with batch_invariant off); "

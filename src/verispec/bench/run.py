@@ -175,16 +175,17 @@ def _add_methods(cfg: BenchConfig, llm, eos: list[int], llms: dict, methods: lis
         try:
             if base == "plain":
                 methods.append(OursMethod(name, family_llm(cfg, llm, family, llms), None))
-            elif base in ("prompt_lookup", "draft_model", "suffix", "suffix_cold", "suffix_tree", "eagle3", "hybrid"):
+            elif base in ("prompt_lookup", "draft_model", "suffix", "suffix_cold", "suffix_tree", "eagle3", "eagle3_tree", "hybrid"):
                 if base == "draft_model" and not cfg.draft_model:
                     raise Unavailable("no --draft-model given (none of the bundled models shares a vocabulary)")
-                model_drafter = cfg.eagle_head if base in ("eagle3", "hybrid") else cfg.draft_model
+                model_drafter = cfg.eagle_head if base in ("eagle3", "eagle3_tree", "hybrid") else cfg.draft_model
                 # suffix keeps the earlier responses of the whole run (its global tree warms as the
                 # run goes); suffix_cold keeps none, as a server that just started
                 # suffix_tree: the same store, drafting token trees of up to TREE_NODES nodes
+                # eagle3_tree: the head's chain with each level's runner-up, sized by its own probabilities
                 # hybrid: suffix where confident, else the EAGLE-3 head (--eagle-head; else --draft-model)
                 extra = {"suffix_cold": {"suffix_decoding_max_cached_requests": 0},
-                         "suffix_tree": {"tree_max_nodes": TREE_NODES}}.get(base, {})
+                         "suffix_tree": {"tree_max_nodes": TREE_NODES}, "eagle3_tree": {"tree_max_nodes": TREE_NODES}}.get(base, {})
                 if base == "hybrid" and not cfg.eagle_head and cfg.draft_model:
                     extra, model_drafter = {"hybrid_drafter": "draft_model"}, cfg.draft_model
                 spec = SpeculativeConfig(

@@ -94,7 +94,7 @@ class SpeculativeDecoder:
         by the policy (`tree_size`); requests that process logits (penalties, grammars, logit
         bias) keep chains."""
         if tree_nodes and not (proposer is not None and getattr(proposer, "proposes_trees", False)):
-            raise InvalidSpeculativeConfigError(f"tree_max_nodes needs a drafter that proposes token trees (suffix), "
+            raise InvalidSpeculativeConfigError(f"tree_max_nodes needs a drafter that proposes token trees (suffix, eagle3), "
                                                 f"not {getattr(proposer, 'name', None)!r}")
         if tree_nodes and not getattr(target, "supports_trees", False):
             raise InvalidSpeculativeConfigError(f"the {getattr(target, 'backend', '?')} backend does not verify token "

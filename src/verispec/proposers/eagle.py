@@ -73,9 +73,13 @@ class _Seq:
     real: int  # rows of the cache holding the target's states; rows after them are drafts
 
 
+EXPAND_MIN = 0.05  # propose_tree stops extending its chain where the path's probability falls below this
+
+
 @register("eagle3")
 class EagleProposer:
     relative_cost = 0.1  # replaced by the measured ratio in create()
+    proposes_trees = True  # propose_tree: the chain with each level's runner-up (trees need the torch backend)
 
     def __init__(self, head: EagleHead, target_states) -> None:
         self.head = head
@@ -107,19 +111,28 @@ class EagleProposer:
             raise ContextLengthError(f"{seq.capacity} positions are more than the EAGLE head's cache takes")
         self._seqs[seq.request_id] = _Seq(self.head.new_cache(seq.capacity), seq.states_start, 0)
 
-    def propose(self, seq: SequenceView, k: int) -> Draft:
+    def _feed(self, seq: SequenceView) -> tuple[_Seq, torch.Tensor, torch.Tensor] | None:
+        """The last draft's rows cut, the states the target kept since fed: (the request's state,
+        the first draft's logits [m, dv] and pre-norm outputs [m, H]); None without new states."""
         st = self._seqs[seq.request_id]
         st.cache.truncate(st.real)  # the last draft's rows
         states = torch.cat(seq.states) if seq.states else None  # [m, state_width]
         seq.states.clear()
         if states is None or not states.shape[0]:
-            return Draft(tokens=[])
+            return None
         first = st.offset + st.real  # the position of the first new state
         tokens = torch.tensor(seq.tokens[first + 1 : first + 1 + states.shape[0]], dtype=torch.int64)
         if tokens.shape[0] != states.shape[0]:
             raise RuntimeError(f"EAGLE states out of step: {states.shape[0]} states for {tokens.shape[0]} tokens")
         logits, pre = self.head.forward(states, tokens, st.cache, fused=True, offset=st.offset)  # [m, dv], [m, H]
         st.real += states.shape[0]
+        return st, logits, pre
+
+    def propose(self, seq: SequenceView, k: int) -> Draft:
+        fed = self._feed(seq)
+        if fed is None:
+            return Draft(tokens=[])
+        st, logits, pre = fed
         out: list[int] = []
         probs: list[torch.Tensor] = []
         for i in range(k):
@@ -128,6 +141,41 @@ class EagleProposer:
             if i + 1 < k:
                 logits, pre = self.head.forward(pre[-1:], torch.tensor([token]), st.cache, fused=False, offset=st.offset)
         return Draft(tokens=out, probs=torch.stack(probs) if probs else None)
+
+    def propose_tree(self, seq: SequenceView, max_depth: int, max_nodes: int) -> Draft:
+        """The head's likeliest chain, up to max_depth deep, with each level's second choice beside
+        it as a leaf (EAGLE-2's dynamic tree, kept to what needs no extra head step). Each node's
+        probability is the product of the head's own probabilities along its path, so the decoder
+        verifies the nodes the cost curve pays for (policy.tree_size, with the request's measured
+        calibration): a confident head drafts deep, an unsure one not at all. The chain stops
+        growing where its path falls below EXPAND_MIN. The tokens are the head's argmax picks
+        whatever the request's sampling: a deterministic tree (probs None), verified losslessly as
+        suffix decoding's trees are."""
+        fed = self._feed(seq)
+        if fed is None or max_depth < 1 or max_nodes < 1:
+            return Draft(tokens=[])
+        st, logits, pre = fed
+        tokens: list[int] = []
+        parents: list[int] = []
+        node_probs: list[float] = []
+        path, parent = 1.0, -1  # the main chain's probability so far, its deepest node
+        for depth in range(max_depth):
+            top = torch.softmax(logits[-1].float(), -1).topk(2)  # the head's two likeliest at this level
+            ids = self.head.to_target(top.indices).tolist()
+            p1, p2 = top.values.tolist()
+            for token, p in ((ids[0], p1), (ids[1], p2)):  # main child first: nodes stay best first under ties
+                tokens.append(token)
+                parents.append(parent)
+                node_probs.append(path * p)
+            parent, path = len(tokens) - 2, path * p1
+            if depth + 1 == max_depth or path < EXPAND_MIN:
+                break
+            logits, pre = self.head.forward(pre[-1:], torch.tensor([ids[0]]), st.cache, fused=False, offset=st.offset)
+        # best first (a child never beats its parent: parents stay before children), then the first max_nodes
+        order = sorted(range(len(tokens)), key=lambda i: (-node_probs[i], i))[:max_nodes]
+        where = {old: new for new, old in enumerate(order)}
+        return Draft(tokens=[tokens[i] for i in order], parents=[-1 if parents[i] < 0 else where[parents[i]] for i in order],
+                     node_probs=[node_probs[i] for i in order])
 
     def _choose(self, seq: SequenceView, row: torch.Tensor, probs: list[torch.Tensor]) -> int:
         """A draft token (target id) from one row of draft-vocabulary logits [dv]."""

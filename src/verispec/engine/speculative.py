@@ -267,6 +267,7 @@ class SpeculativeDecoder:
         self.proposer.accept(req.view, len(out.path))
         estimate = req.estimates.setdefault(draft.kind or "", AcceptanceEstimate())
         estimate.observe_tree(draft.node_probs, draft.main_path(), out.path)
+        req.estimate.observe(draft.depth, len(out.path))  # as a chain as deep (trees_cost_a_step asks it)
         # 5. emit
         emitted = self._emit(req, out.tokens, logits[rows], dist[rows])
         req.metrics.observe_draft(len(draft), min(len(out.path), len(emitted)), draft.depth)
@@ -332,6 +333,9 @@ class SpeculativeDecoder:
         room = req.params.max_tokens - len(req.output_ids) - 1
         if self.tree_nodes and req.processor is None:
             depth, nodes = min(self.policy.max_k, room), min(self.tree_nodes, room)
+            if getattr(self.proposer, "trees_cost_a_step", False) and \
+                    self.policy.choose(req.estimate, batch_size, req.params.greedy) <= 0:
+                return Draft(tokens=[])  # a model drafter's tree only on steps its chain would draft on
             tree = self.proposer.propose_tree(req.view, depth, nodes) if depth > 0 and nodes > 0 else Draft(tokens=[])
             if not len(tree) or tree.parents is None or tree.node_probs is None:
                 return Draft(tokens=[])

@@ -73,13 +73,18 @@ class _Seq:
     real: int  # rows of the cache holding the target's states; rows after them are drafts
 
 
-EXPAND_MIN = 0.05  # propose_tree stops extending its chain where the path's probability falls below this
+# propose_tree stops extending its chain where the path's probability falls below this: a deeper
+# node is at most that likely, and a verified row costs ~0.1-0.2 of a forward here
+EXPAND_MIN = 0.2
 
 
 @register("eagle3")
 class EagleProposer:
     relative_cost = 0.1  # replaced by the measured ratio in create()
     proposes_trees = True  # propose_tree: the chain with each level's runner-up (trees need the torch backend)
+    # a tree costs head steps: the decoder asks for one only on steps where its chain policy would
+    # draft (elsewhere the states wait and are fed in one call, as for chains)
+    trees_cost_a_step = True
 
     def __init__(self, head: EagleHead, target_states) -> None:
         self.head = head

@@ -39,11 +39,10 @@ import torch.nn.functional as F
 from verispec.models import rowwise
 from verispec.models.config import RopeConfig
 from verispec.models.kv_cache import KVCache
-from verispec.models.quant import FORMATS
+from verispec.models.quant import BF16, F16, FORMATS
 from verispec.models.transformer import RopeTable
 
 KERNEL_ROWS = 16  # drafting steps and short updates: the kernel's products; more rows: torch's
-F16, BF16 = 1, 30  # ggml's type numbers (models/quant.py)
 FUSED = {  # products made in one call: the kernel's Weight stacks the parts
     "qkv": ("midlayer.self_attn.q_proj", "midlayer.self_attn.k_proj", "midlayer.self_attn.v_proj"),
     "gate_up": ("midlayer.mlp.gate_proj", "midlayer.mlp.up_proj"),
@@ -181,9 +180,14 @@ def kernel_weights(head: "EagleHead") -> dict[str, tuple[tuple[list[torch.Tensor
     return out
 
 
+def _kernel(head, x: torch.Tensor, key: str) -> torch.Tensor | None:
+    """EagleHead.kernel_project where the head has it (not the trainer's module), else None."""
+    return head.kernel_project(x, key) if hasattr(head, "kernel_project") else None
+
+
 def _linear(head, x: torch.Tensor, key: str, name: str) -> torch.Tensor:
     """One matrix: the kernel's product where it applies, else F.linear over the float32 weight."""
-    y = head.kernel_project(x, key) if hasattr(head, "kernel_project") else None
+    y = _kernel(head, x, key)
     return y if y is not None else F.linear(x, head.w[name + ".weight"], head.w.get(name + ".bias"))
 
 
@@ -207,7 +211,7 @@ def qkv(head, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     c, w = head.config, head.w
     shape = x.shape[:-1]
     p = "midlayer.self_attn."
-    fused = head.kernel_project(x, "qkv") if hasattr(head, "kernel_project") else None  # [..., T, (heads + 2 kv) * D]
+    fused = _kernel(head, x, "qkv")  # [..., T, (heads + 2 kv) * D]
     if fused is not None:
         q, k, v = fused.split([c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim], -1)
     else:
@@ -223,7 +227,7 @@ def after_attention(head, attn: torch.Tensor, residual: torch.Tensor) -> torch.T
     c, w = head.config, head.w
     x = _linear(head, attn, "o", "midlayer.self_attn.o_proj") + residual
     h = rms(x, w["midlayer.post_attention_layernorm.weight"], c.rms_eps)
-    gate_up = head.kernel_project(h, "gate_up") if hasattr(head, "kernel_project") else None  # [..., T, 2I]
+    gate_up = _kernel(head, h, "gate_up")  # [..., T, 2I]
     if gate_up is not None:
         gate, up = gate_up.chunk(2, -1)
     else:
@@ -234,5 +238,5 @@ def after_attention(head, attn: torch.Tensor, residual: torch.Tensor) -> torch.T
 def logits(head, pre: torch.Tensor) -> torch.Tensor:
     """[..., T, draft_vocab] (EAGLE-1/2: the target's LM head over the un-normed output)."""
     x = pre if head.config.kind == "eagle1" else rms(pre, head.w["norm.weight"], head.config.rms_eps)
-    y = head.kernel_project(x, "lm_head") if hasattr(head, "kernel_project") else None
+    y = _kernel(head, x, "lm_head")
     return y if y is not None else F.linear(x, head.lm_head)

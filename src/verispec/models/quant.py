@@ -30,7 +30,7 @@ FORMATS: dict[int, tuple[str, int, int]] = {
     14: ("Q6_K", 256, 210),
     30: ("BF16", 32, 64),
 }
-F32 = 0
+F32, F16, BF16 = 0, 1, 30  # the unquantised formats' numbers
 INT8 = 256  # added to a part's type in the kernels' Weight: products with int8 activations (kernels/quant8.h)
 INT8_FORMATS = frozenset({2, 3, 6, 7, 8, 12, 13, 14})  # the block formats quant8.h multiplies that way (Int8<T>::kDefined; a test keeps them in step)
 

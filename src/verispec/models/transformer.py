@@ -302,8 +302,8 @@ class Transformer:
         # the row-wise kernel computes decoding rows where it can (float32 on the CPU: `_project`)
         self._kernel = rowwise.kernel() if self.dtype == torch.float32 and self.lm_head.device.type == "cpu" else None
         self.uses_kernel = self._kernel is not None
-        # each layer's four matrices as the kernel takes them (kernels/rowwise.h's Weight)
-        self._kernel_weights = [tuple(_kernel_weight(m) for m in (L.qkv, L.o, L.gate_up, L.down)) for L in self.layers]
+        # the layers as the kernel holds them (kernels/rowwise.h's Stack), handed over once
+        self._stack = self._kernel_stack() if self.uses_kernel else None
         self.kernel_variant = self._kernel.variant() if self.uses_kernel else None  # avx512, avx2, neon, scalar
         widest = KERNEL_WIDTH if self.uses_kernel else 3
         self.invariant_width = widest
@@ -314,6 +314,18 @@ class Transformer:
             if self.invariant_width < widest:
                 print(f"[verispec] batch invariance: products keep rows apart only up to "
                       f"{self.invariant_width} row(s) here; verification runs in products that narrow", file=sys.stderr)
+
+    def _kernel_stack(self):
+        """Every layer's weights in the kernel's Stack (kernels/layer.cpp): one call runs them all."""
+        c = self.config
+        stack = self._kernel.Stack(c.num_heads, c.num_kv_heads, c.head_dim, c.scale, c.rms_eps, c.activation != "silu")
+        for L in self.layers:
+            window = c.sliding_window if (L.sliding and c.sliding_window) else 0
+            stack.add_layer(L.attn_norm, _kernel_weight(L.qkv), L.qkv_bias, L.qk_norm, _kernel_weight(L.o), L.post_attn_norm,
+                            L.mlp_norm, _kernel_weight(L.gate_up), _kernel_weight(L.down), L.post_mlp_norm, window,
+                            L.sliding and self.rope_local is not self.rope)
+        stack.set_head(self.norm, _kernel_weight(self.lm_head))
+        return stack
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """Embedding rows [T, hidden]: looked up in the blocks for a QuantTensor."""
@@ -393,7 +405,7 @@ class Transformer:
 
     def _forward_rows(self, segments: list[Segment]) -> list[ForwardOutput]:
         """forward_batch for segments of fewer than PROMPT_ROWS tokens each (decoding, verification,
-        short prompts) through the kernel's whole layer (kernels/layer.cpp): one call per layer."""
+        short prompts) through the kernel's Stack (kernels/layer.cpp): one call for every layer."""
         c = self.config
         spans, rows, starts, row = [], [], [], 0
         for s in segments:
@@ -410,34 +422,35 @@ class Transformer:
         ropes = {False: self._rope(self.rope, spans)}
         if self.rope_local is not self.rope:
             ropes[True] = self._rope(self.rope_local, spans)
-        gelu = c.activation != "silu"
+        cos, sin = ropes[False]  # [N, head_dim] each
+        cos_local, sin_local = ropes.get(True, ropes[False])
         parents = [None if s.parents is None else torch.tensor(s.parents, dtype=torch.int64) for s in segments]
-        wanted, captured = {i for s in segments for i in s.aux_layers}, {}
-        for i, L in enumerate(self.layers):
-            if i in wanted:
-                captured[i] = x  # decode_layer returns a new tensor: x is not written to afterwards
-            cos, sin = ropes.get(L.sliding, ropes[False])  # [N, head_dim] each
-            window = c.sliding_window if (L.sliding and c.sliding_window) else 0
-            qkv, o, gate_up, down = self._kernel_weights[i]
-            x = self._kernel.decode_layer(
-                x, L.attn_norm, qkv, L.qkv_bias, L.qk_norm, o, L.post_attn_norm, L.mlp_norm, gate_up, down,
-                L.post_mlp_norm, cos, sin, [s.cache.keys[i] for s in segments], [s.cache.values[i] for s in segments],
-                rows, starts, parents, c.num_heads, c.num_kv_heads, window, c.scale, c.rms_eps, gelu,
-            )  # [N, hidden]
-        return self._outputs(segments, spans, x, captured)
+        wanted = sorted({i for s in segments for i in s.aux_layers})
+        logit_rows = [r for s, sp in zip(segments, spans) for r in range(sp.row + sp.end - sp.start - s.num_logits, sp.row + sp.end - sp.start)]
+        h, logits, streams = self._stack.forward(x, cos, sin, cos_local, sin_local, [s.cache.keys for s in segments],
+                                                 [s.cache.values for s in segments], rows, starts, parents, wanted, logit_rows)
+        # h [N, hidden] after the final norm, logits [len(logit_rows), vocab]
+        return self._split(segments, spans, h, logits, dict(zip(wanted, streams)))
 
     def _outputs(self, segments: list[Segment], spans: list[_Span], x: torch.Tensor,
                  captured: dict[int, torch.Tensor] | None = None) -> list[ForwardOutput]:
         """The caches' new lengths, the final norm, and logits at the rows that want them;
         `captured`: layer -> the residual stream [N, hidden] entering it (Segment.aux_layers)."""
         c = self.config
-        for s, span in zip(segments, spans):
-            s.cache.advance(span.end - span.start)
         h = self._norm(x, self.norm)  # [N, hidden]
         rows = [torch.arange(sp.end - sp.start - s.num_logits, sp.end - sp.start) + sp.row for s, sp in zip(segments, spans)]
         wanted = torch.cat(rows)  # [sum num_logits]
         head_groups = invariant_chunks(wanted.numel(), self.invariant_width) if self.batch_invariant else None
         logits = _project_groups(h[wanted], self.lm_head, None, head_groups).float() if wanted.numel() else h.new_empty(0, c.vocab_size).float()
+        return self._split(segments, spans, h, logits, captured)
+
+    @staticmethod
+    def _split(segments: list[Segment], spans: list[_Span], h: torch.Tensor, logits: torch.Tensor,
+               captured: dict[int, torch.Tensor] | None) -> list[ForwardOutput]:
+        """Each segment's share of a forward's final-norm hidden states h [N, hidden], logits
+        [sum num_logits, vocab] and captured residual streams; the caches' new lengths."""
+        for s, span in zip(segments, spans):
+            s.cache.advance(span.end - span.start)
         outs = []
         for s, sp, part in zip(segments, spans, logits.split([s.num_logits for s in segments])):
             rows = slice(sp.row, sp.row + sp.end - sp.start)

@@ -1,32 +1,224 @@
-// One decoder layer for decoding and verification rows, in one call: the glue between the
-// products (norms, q/k norms, RoPE, the cache write, residuals, the gated activation) that costs
-// ~20 small ATen calls per layer from Python. Same model as Transformer._layer (models/transformer.py):
+// A model's decoder layers for decoding and verification rows, in one call (Stack::forward): the
+// glue between the products (norms, q/k norms, RoPE, the cache write, residuals, the gated
+// activation) and the products themselves, every layer inside one parallel region. Same model as
+// Transformer._layer (models/transformer.py):
 //
 //   h = rmsnorm(x) ; qkv = h @ Wqkv^T (+ bias) ; q, k = rope(qknorm(q, k)) ; cache[start..] = k, v
 //   a = attention(q) @ Wo^T (post-norm) ; x += a
 //   h = rmsnorm(x) ; g, u = h @ Wgu^T ; m = act(g) * u ; d = m @ Wdown^T (post-norm) ; x += d
 //
+// Why one region: a layer called from Python cost ~16 us beyond its arithmetic (the arguments'
+// conversion, five parallel regions each waking the threads and joining them, allocations): half a
+// millisecond a token on a 30-layer model whose weights take 3 ms to read. Here the threads meet
+// at a barrier between steps (~10 a layer), the glue runs on one of them (omp single) and the
+// products and the attention are split between all (Product::share, AttentionRows::share).
+//
 // Rows: the segments of several sequences, segment s at rows [rows[s], rows[s + 1]) of x, its new
-// positions from starts[s], its cache layer keys[s], values[s] ([KVH, A, D]); parents[s] where its
-// rows are a token tree (each row at its depth's position, seeing its path: rowwise.cpp; cos and
-// sin are then the caller's, at those positions), rows written at slots starts[s].. all the same. Every step is row by
-// row with ops.h's fixed arithmetic, so a row's result does not depend on the rows beside it.
-// The four matrices are Weights (quant.cpp): float32, GGUF blocks, or parts of both.
+// positions from starts[s], its cache's keys[s], values[s] ([layers, KVH, A, D]); parents[s] where
+// its rows are a token tree (each row at its depth's position, seeing its path: rowwise.cpp; cos
+// and sin are then the caller's, at those positions), rows written at slots starts[s].. all the
+// same. Every step is row by row with ops.h's fixed arithmetic, so a row's result does not depend
+// on the rows beside it, their number or the threads.
 #include "rowwise.h"
 
-#include <ATen/ops/add.h>
-#include <ATen/ops/empty_like.h>
+#include <ATen/Parallel.h>
+#include <omp.h>
+
+#include <algorithm>
 
 namespace {
 
-void norm_rows(at::Tensor& t, const std::optional<at::Tensor>& w, float eps) {
-  if (!w) return;
-  const int64_t N = t.size(0), n = t.size(1);
-  float* p = t.data_ptr<float>();
-  for (int64_t r = 0; r < N; ++r) vs::rmsnorm(p + r * n, w->data_ptr<float>(), p + r * n, n, eps);
+const float* ptr(const std::optional<at::Tensor>& t) { return t ? t->data_ptr<float>() : nullptr; }
+
+void check_vector(const std::optional<at::Tensor>& t, int64_t n, const char* what) {
+  TORCH_CHECK(!t || (t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == n && t->device().is_cpu()),
+              "Stack: ", what, " must be float32 with ", n, " values on the CPU");
 }
 
 }  // namespace
+
+Stack::Stack(int64_t heads, int64_t kv_heads, int64_t head_dim, double scale, double eps, bool gelu)
+    : H_(heads), KVH_(kv_heads), D_(head_dim), scale_(static_cast<float>(scale)), eps_(static_cast<float>(eps)), gelu_(gelu) {
+  TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && head_dim > 0 && head_dim % 2 == 0,
+              "Stack: heads a multiple of kv heads, an even head_dim");
+}
+
+void Stack::add_layer(at::Tensor attn_norm, Weight qkv, std::optional<at::Tensor> qkv_bias, std::optional<at::Tensor> qk_norm, Weight o,
+                      std::optional<at::Tensor> post_attn_norm, at::Tensor mlp_norm, Weight gate_up, Weight down,
+                      std::optional<at::Tensor> post_mlp_norm, int64_t window, bool local) {
+  const int64_t hidden = attn_norm.numel(), width = (H_ + 2 * KVH_) * D_, inter = weight_rows(gate_up) / 2;
+  TORCH_CHECK(layers_.empty() || (hidden == hidden_ && inter == inter_), "Stack: every layer has the same sizes");
+  check_vector(attn_norm, hidden, "attn_norm");
+  check_vector(mlp_norm, hidden, "mlp_norm");
+  check_vector(post_attn_norm, hidden, "post_attn_norm");
+  check_vector(post_mlp_norm, hidden, "post_mlp_norm");
+  check_vector(qkv_bias, width, "qkv_bias");
+  check_vector(qk_norm, (H_ + KVH_) * D_, "qk_norm");
+  TORCH_CHECK(weight_rows(qkv) == width, "Stack: qkv has (heads + 2 kv_heads) * head_dim rows");
+  TORCH_CHECK(weight_rows(o) == hidden && weight_rows(down) == hidden && 2 * inter == weight_rows(gate_up),
+              "Stack: o and down have hidden rows, gate_up an even number");
+  // every check a product makes of its weight, here, where an error can still be raised
+  Product(nullptr, 0, hidden, qkv, nullptr), Product(nullptr, 0, H_ * D_, o, nullptr);
+  Product(nullptr, 0, hidden, gate_up, nullptr), Product(nullptr, 0, inter, down, nullptr);
+  hidden_ = hidden, inter_ = inter;
+  layers_.push_back(Layer{attn_norm, mlp_norm, std::move(qkv), std::move(o), std::move(gate_up), std::move(down),
+                          qkv_bias, qk_norm, post_attn_norm, post_mlp_norm, window, local});
+}
+
+void Stack::set_head(at::Tensor norm, Weight head) {
+  TORCH_CHECK(!layers_.empty(), "Stack: the layers first, then the head");
+  check_vector(norm, hidden_, "the final norm");
+  Product(nullptr, 0, hidden_, head, nullptr);  // its checks
+  norm_ = norm, head_ = std::move(head);
+}
+
+std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> Stack::forward(at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tensor cos_local,
+                                                               at::Tensor sin_local, std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
+                                                               std::vector<int64_t> rows, std::vector<int64_t> starts,
+                                                               std::vector<std::optional<at::Tensor>> parents, std::vector<int64_t> capture,
+                                                               std::vector<int64_t> logit_rows) const {
+  const int64_t L = size(), H = H_, KVH = KVH_, D = D_, QK = H + KVH, width = (QK + KVH) * D, I = inter_, hidden = hidden_;
+  TORCH_CHECK(L > 0, "Stack: no layers");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(1) == hidden && x.device().is_cpu(),
+              "Stack.forward: x float32 [N, ", hidden, "]");
+  const int64_t N = x.size(0), S = static_cast<int64_t>(rows.size());
+  for (auto* t : {&cos, &sin, &cos_local, &sin_local}) {
+    *t = t->contiguous();
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->dim() == 2 && t->size(0) == N && t->size(1) == D, "Stack.forward: cos, sin [N, D]");
+  }
+  TORCH_CHECK(S > 0 && keys.size() == static_cast<size_t>(S) && values.size() == keys.size() && starts.size() == rows.size() &&
+              parents.size() == rows.size(), "Stack.forward: one rows, starts, parents, keys, values entry per segment");
+  std::vector<std::vector<int64_t>> paths(S), offsets(S);
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t r0 = rows[s], r1 = s + 1 < S ? rows[s + 1] : N, T = r1 - r0;
+    TORCH_CHECK(r0 >= 0 && T > 0 && r1 <= N, "Stack.forward: segment ", s, " has no rows");
+    for (const auto& c : {keys[s], values[s]})
+      TORCH_CHECK(c.scalar_type() == at::kFloat && c.is_contiguous() && c.dim() == 4 && c.size(0) == L && c.size(1) == KVH &&
+                  c.size(3) == D && starts[s] >= 0 && c.size(2) >= starts[s] + T && c.device().is_cpu(),
+                  "Stack.forward: segment ", s, " needs contiguous float32 caches [", L, ", ", KVH, ", >= ", starts[s] + T, ", ", D, "]");
+    TORCH_CHECK(values[s].sizes() == keys[s].sizes(), "Stack.forward: keys and values of one shape");
+    if (parents[s]) {
+      TORCH_CHECK(parents[s]->dim() == 1 && parents[s]->size(0) == T, "Stack.forward: parents [T] int64 for segment ", s);
+      tree_paths(*parents[s], paths[s], offsets[s]);
+    }
+  }
+  for (int64_t c : capture) TORCH_CHECK(c >= 0 && c < L, "Stack.forward: capture layer ", c, " out of range");
+  for (int64_t r : logit_rows) TORCH_CHECK(r >= 0 && r < N, "Stack.forward: logit row ", r, " out of range");
+  TORCH_CHECK(logit_rows.empty() || head_, "Stack.forward: logits need set_head");
+  const int64_t nl = static_cast<int64_t>(logit_rows.size());
+
+  x = x.clone(at::MemoryFormat::Contiguous);  // the residual stream, updated in place
+  auto opts = x.options();
+  auto h = at::empty({N, hidden}, opts), qkv = at::empty({N, width}, opts), attn = at::empty({N, H * D}, opts);
+  auto a = at::empty({N, hidden}, opts), gu = at::empty({N, 2 * I}, opts), m = at::empty({N, I}, opts);
+  auto hn = at::empty({N, hidden}, opts), picked = at::empty({nl, hidden}, opts);
+  auto logits = at::empty({nl, head_ ? weight_rows(*head_) : 0}, opts);
+  std::vector<at::Tensor> captured;
+  for (size_t c = 0; c < capture.size(); ++c) captured.push_back(at::empty({N, hidden}, opts));
+  float *X = x.data_ptr<float>(), *Hp = h.data_ptr<float>(), *Q = qkv.data_ptr<float>(), *At = attn.data_ptr<float>();
+  float *Ap = a.data_ptr<float>(), *G = gu.data_ptr<float>(), *M = m.data_ptr<float>();
+  std::vector<AttentionRows> jobs(S);
+  std::optional<Product> product;  // the one product under way: made in a single, shared by all threads
+
+  // the rows' residual updates: y = norm(y) where a post-norm is given, then x += y
+  const auto residual = [&](const std::optional<at::Tensor>& post, float* y) {
+    for (int64_t r = 0; r < N; ++r) {
+      float* yr = y + r * hidden;
+      if (post) vs::rmsnorm(yr, ptr(post), yr, hidden, eps_);
+      for (int64_t j = 0; j < hidden; ++j) X[r * hidden + j] = X[r * hidden + j] + yr[j];
+    }
+  };
+  const auto norm_rows = [&](const at::Tensor& w) {
+    for (int64_t r = 0; r < N; ++r) vs::rmsnorm(X + r * hidden, w.data_ptr<float>(), Hp + r * hidden, hidden, eps_);
+  };
+
+#pragma omp parallel num_threads(at::get_num_threads())
+  {
+    vs::FpMode mode;
+    const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
+    std::vector<float> tmp(D);
+    for (int64_t l = 0; l < L; ++l) {
+      const Layer& W = layers_[l];
+      // 1. the attention's input: the norm, then q/k/v
+#pragma omp single
+      {
+        if (l > 0) residual(layers_[l - 1].post_mlp_norm, Ap);  // the previous layer's MLP output
+        for (size_t c = 0; c < capture.size(); ++c)
+          if (capture[c] == l) std::copy(X, X + N * hidden, captured[c].data_ptr<float>());
+        norm_rows(W.attn_norm);
+        product.emplace(Hp, N, hidden, W.qkv, Q);
+      }
+      product->share(t, n);
+#pragma omp barrier
+      // 2. bias, q/k norms, RoPE, keys and values into each segment's cache
+#pragma omp single
+      {
+        const float* cs = (W.local ? cos_local : cos).data_ptr<float>();
+        const float* sn = (W.local ? sin_local : sin).data_ptr<float>();
+        for (int64_t r = 0; r < N; ++r) {
+          float* row = Q + r * width;
+          if (W.qkv_bias)
+            for (int64_t j = 0; j < width; ++j) row[j] = row[j] + ptr(W.qkv_bias)[j];
+          for (int64_t hh = 0; hh < QK; ++hh) {
+            float* v = row + hh * D;
+            if (W.qk_norm) vs::rmsnorm(v, ptr(W.qk_norm) + hh * D, v, D, eps_);
+            vs::rope(v, cs + r * D, sn + r * D, D, tmp.data());
+          }
+        }
+        for (int64_t s = 0; s < S; ++s) {
+          const int64_t r0 = rows[s], T = (s + 1 < S ? rows[s + 1] : N) - r0, A = keys[s].size(2);
+          float* kc = keys[s].data_ptr<float>() + l * KVH * A * D;
+          float* vc = values[s].data_ptr<float>() + l * KVH * A * D;
+          for (int64_t i = 0; i < T; ++i)
+            for (int64_t g = 0; g < KVH; ++g) {
+              const float* kr = Q + (r0 + i) * width + (H + g) * D;
+              const float* vr = Q + (r0 + i) * width + (QK + g) * D;
+              std::copy(kr, kr + D, kc + (g * A + starts[s] + i) * D);
+              std::copy(vr, vr + D, vc + (g * A + starts[s] + i) * D);
+            }
+          jobs[s] = AttentionRows{Q + r0 * width, width, kc, vc, At + r0 * H * D, T, H, KVH, D, A, starts[s], W.window, scale_,
+                                  parents[s] ? &paths[s] : nullptr, parents[s] ? &offsets[s] : nullptr};
+        }
+      }
+      // 3. attention, then its projection
+      for (int64_t s = 0; s < S; ++s) jobs[s].share(t, n);
+#pragma omp barrier
+#pragma omp single
+      product.emplace(At, N, H * D, W.o, Ap);
+      product->share(t, n);
+#pragma omp barrier
+      // 4. the MLP
+#pragma omp single
+      {
+        residual(W.post_attn_norm, Ap);
+        norm_rows(W.mlp_norm);
+        product.emplace(Hp, N, hidden, W.gate_up, G);
+      }
+      product->share(t, n);
+#pragma omp barrier
+#pragma omp single
+      {
+        for (int64_t r = 0; r < N; ++r) vs::gated(G + r * 2 * I, G + r * 2 * I + I, M + r * I, I, gelu_);
+        product.emplace(M, N, I, W.down, Ap);
+      }
+      product->share(t, n);
+#pragma omp barrier
+    }
+    // 5. the final norm, and the LM head over the rows that want logits
+#pragma omp single
+    {
+      residual(layers_[L - 1].post_mlp_norm, Ap);
+      if (norm_) {
+        for (int64_t r = 0; r < N; ++r) vs::rmsnorm(X + r * hidden, norm_->data_ptr<float>(), hn.data_ptr<float>() + r * hidden, hidden, eps_);
+        for (int64_t i = 0; i < nl; ++i)
+          std::copy_n(hn.data_ptr<float>() + logit_rows[i] * hidden, hidden, picked.data_ptr<float>() + i * hidden);
+      }
+      if (nl) product.emplace(picked.data_ptr<float>(), nl, hidden, *head_, logits.data_ptr<float>());
+    }
+    if (nl) product->share(t, n);
+  }
+  return {norm_ ? hn : x, logits, captured};
+}
 
 at::Tensor decode_layer(at::Tensor x, at::Tensor attn_norm, const Weight& qkv, std::optional<at::Tensor> qkv_bias,
                         std::optional<at::Tensor> qk_norm, const Weight& o, std::optional<at::Tensor> post_attn_norm,
@@ -34,69 +226,13 @@ at::Tensor decode_layer(at::Tensor x, at::Tensor attn_norm, const Weight& qkv, s
                         at::Tensor cos, at::Tensor sin, std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
                         std::vector<int64_t> rows, std::vector<int64_t> starts, std::vector<std::optional<at::Tensor>> parents,
                         int64_t heads, int64_t kv_heads, int64_t window, double scale, double eps, bool gelu) {
-  x = x.contiguous();
-  cos = cos.contiguous();
-  sin = sin.contiguous();
-  const int64_t N = x.size(0), hidden = x.size(1), D = cos.size(1), H = heads, KVH = kv_heads, QK = H + KVH;
-  const int64_t S = static_cast<int64_t>(rows.size());
-  TORCH_CHECK(x.scalar_type() == at::kFloat, "decode_layer: float32 only");
-  TORCH_CHECK(cos.size(0) == N && sin.sizes() == cos.sizes(), "decode_layer: cos, sin [N, D]");
-  TORCH_CHECK(S > 0 && keys.size() == static_cast<size_t>(S) && values.size() == keys.size() && starts.size() == rows.size() &&
-              parents.size() == rows.size(), "decode_layer: one rows, starts, parents, keys, values entry per segment");
-  TORCH_CHECK(weight_rows(qkv) == (QK + KVH) * D, "decode_layer: qkv has (heads + 2 kv_heads) * head_dim rows");
-  const float feps = static_cast<float>(eps);
-  vs::FpMode mode;
-  std::vector<float> tmp(D);
-
-  // 1. attention input: the norm, q/k/v, q/k norms, RoPE
-  auto h = at::empty_like(x);
-  for (int64_t r = 0; r < N; ++r) vs::rmsnorm(x.data_ptr<float>() + r * hidden, attn_norm.data_ptr<float>(), h.data_ptr<float>() + r * hidden, hidden, feps);
-  auto qkv_out = weight_mm(h, qkv);  // [N, (QK + KVH) * D]
-  float* Q = qkv_out.data_ptr<float>();
-  const int64_t width = (QK + KVH) * D;
-  if (qkv_bias) {
-    const float* b = qkv_bias->data_ptr<float>();
-    for (int64_t r = 0; r < N; ++r)
-      for (int64_t j = 0; j < width; ++j) Q[r * width + j] = Q[r * width + j] + b[j];
-  }
-  for (int64_t r = 0; r < N; ++r)
-    for (int64_t hh = 0; hh < QK; ++hh) {
-      float* v = Q + r * width + hh * D;
-      if (qk_norm) vs::rmsnorm(v, qk_norm->data_ptr<float>() + hh * D, v, D, feps);
-      vs::rope(v, cos.data_ptr<float>() + r * D, sin.data_ptr<float>() + r * D, D, tmp.data());
+  TORCH_CHECK(cos.dim() == 2, "decode_layer: cos, sin [N, D]");
+  Stack stack(heads, kv_heads, cos.size(1), scale, eps, gelu);
+  stack.add_layer(attn_norm, qkv, qkv_bias, qk_norm, o, post_attn_norm, mlp_norm, gate_up, down, post_mlp_norm, window, false);
+  for (auto* c : {&keys, &values})
+    for (auto& t : *c) {
+      TORCH_CHECK(t.dim() == 3, "decode_layer: cache layers [KVH, A, D]");
+      t = t.unsqueeze(0);
     }
-
-  // 2. per segment: keys and values into its cache, then attention row by row
-  auto attn = at::empty({N, H * D}, x.options());
-  auto q_all = qkv_out.view({N, QK + KVH, D}).narrow(1, 0, H);
-  for (int64_t s = 0; s < S; ++s) {
-    const int64_t r0 = rows[s], r1 = s + 1 < S ? rows[s + 1] : N, T = r1 - r0, start = starts[s];
-    TORCH_CHECK(T > 0 && keys[s].is_contiguous() && values[s].is_contiguous() && keys[s].size(1) >= start + T,
-                "decode_layer: segment ", s, " needs contiguous cache layers holding positions < ", start + T);
-    const int64_t A = keys[s].size(1);
-    float *kc = keys[s].data_ptr<float>(), *vc = values[s].data_ptr<float>();
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t g = 0; g < KVH; ++g) {
-        const float* kr = Q + (r0 + t) * width + (H + g) * D;
-        const float* vr = Q + (r0 + t) * width + (QK + g) * D;
-        std::copy(kr, kr + D, kc + (g * A + start + t) * D);
-        std::copy(vr, vr + D, vc + (g * A + start + t) * D);
-      }
-    attn.narrow(0, r0, T).copy_(attention_rows(q_all.narrow(0, r0, T), keys[s], values[s], start, window, scale, parents[s]));
-  }
-
-  // 3. the attention's projection, its norm, the residual
-  auto a = weight_mm(attn, o);
-  norm_rows(a, post_attn_norm, feps);
-  auto x2 = at::add(x, a);
-
-  // 4. the MLP
-  for (int64_t r = 0; r < N; ++r) vs::rmsnorm(x2.data_ptr<float>() + r * hidden, mlp_norm.data_ptr<float>(), h.data_ptr<float>() + r * hidden, hidden, feps);
-  auto gu = weight_mm(h, gate_up);  // [N, 2 I]: gate, then up
-  const int64_t I = gu.size(1) / 2;
-  auto m = at::empty({N, I}, x.options());
-  for (int64_t r = 0; r < N; ++r) vs::gated(gu.data_ptr<float>() + r * 2 * I, gu.data_ptr<float>() + r * 2 * I + I, m.data_ptr<float>() + r * I, I, gelu);
-  auto d = weight_mm(m, down);
-  norm_rows(d, post_mlp_norm, feps);
-  return at::add(x2, d);
+  return std::get<0>(stack.forward(x, cos, sin, cos, sin, keys, values, rows, starts, parents, {}, {}));
 }

@@ -50,9 +50,6 @@ void part_range(X x, const uint8_t* w, float* y, int64_t in, int64_t ldy, int64_
   }
 }
 
-template <class X>
-using RangeFn = void (*)(X, const uint8_t*, float*, int64_t, int64_t, int64_t, int64_t);
-
 template <int T, bool Tail, class X>
 constexpr RangeFn<X> kRange[9] = {nullptr, part_range<T, 1, Tail, X>, part_range<T, 2, Tail, X>, part_range<T, 3, Tail, X>,
                                   part_range<T, 4, Tail, X>, part_range<T, 5, Tail, X>, part_range<T, 6, Tail, X>,
@@ -64,15 +61,7 @@ int64_t base_type(int64_t type) { return type >= kInt8 ? type - kInt8 : type; } 
 
 constexpr const char* kFormats = "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K";
 
-// a format's properties, read from its vs::Format<T>: weights and bytes per block, the range and
-// tail products for R rows, the row unpacking (none for F32)
-struct Props {
-  int64_t elems = 0, bytes = 0;
-  RangeFn<const float*> range[9] = {}, tail[9] = {};
-  RangeFn<const vs::XQ&> range8[9] = {}, tail8[9] = {};  // int8 activations (formats quant8.h defines)
-  void (*unpack)(const uint8_t*, float*, int64_t) = nullptr;
-};
-
+// a format's Props (rowwise.h), read from its vs::Format<T> (no unpacking for F32)
 Props props(int64_t type) {
   Props p;
   const bool int8 = type >= kInt8;
@@ -116,60 +105,69 @@ int64_t weight_rows(const Weight& w) {
   return n;
 }
 
-at::Tensor weight_mm(at::Tensor x, const Weight& w) {
+Product::Product(const float* x, int64_t R, int64_t in, const Weight& w, float* y) : x_(x), y_(y), R_(R), in_(in) {
   const auto& [parts, types] = w;
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(), "weight_mm: x must be float32 [R, in] on the CPU");
   TORCH_CHECK(!parts.empty() && parts.size() == types.size(), "weight_mm: one type per part");
-  x = x.contiguous();
-  const int64_t R = x.size(0), in = x.size(1), out = weight_rows(w);
-  const size_t P = parts.size();
-  auto y = at::empty({R, out}, x.options());
-  const float* xp = x.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  std::vector<Props> f(P);
-  std::vector<const uint8_t*> data(P);
-  std::vector<int64_t> first_out(P + 1, 0);
-  bool int8 = false;
-  for (size_t p = 0; p < P; ++p) {
-    f[p] = props(types[p]);
-    data[p] = part_data(parts[p], base_type(types[p]), f[p], in);
-    first_out[p + 1] = first_out[p] + parts[p].size(0);
-    int8 = int8 || f[p].range8[1] != nullptr;
+  int64_t first_out = 0;
+  for (size_t p = 0; p < parts.size(); ++p) {
+    Part part{props(types[p]), nullptr, parts[p].size(0), first_out};
+    part.data = part_data(parts[p], base_type(types[p]), part.f, in);
+    int8_ = int8_ || part.f.range8[1] != nullptr;
+    first_out += part.rows;
+    parts_.push_back(part);
   }
-  // int8 activations: every row of x quantised once (quant8.h)
-  const int64_t n64 = vs::padded64(in);
-  std::vector<int8_t> xq_q(int8 ? R * n64 : 0);
-  std::vector<float> xq_dx(int8 ? R * n64 / 4 : 0), xq_sx(xq_dx.size());
-  std::vector<int32_t> xq_s(xq_dx.size());
-  if (int8) {
+  out_ = first_out;
+  n64_ = vs::padded64(in);
+  if (int8_) {  // int8 activations: every row of x quantised once (quant8.h)
+    q_.resize(R * n64_), dx_.resize(R * n64_ / 4), sx_.resize(R * n64_ / 4), s_.resize(R * n64_ / 4);
     vs::FpMode mode;
-    vs::quantize_rows(xp, R, in, vs::XQ{xq_q.data(), xq_dx.data(), xq_sx.data(), xq_s.data(), n64});
+    vs::quantize_rows(x, R, in, vs::XQ{q_.data(), dx_.data(), sx_.data(), s_.data(), n64_});
   }
-  for (int64_t r0 = 0; r0 < R; r0 += 8) {  // 8 rows per pass over the weights
-    const int n = static_cast<int>(R - r0 < 8 ? R - r0 : 8);
-    const float* xr = xp + r0 * in;
-    float* yr = yp + r0 * out;
-    const vs::XQ xq{xq_q.data() + r0 * n64, xq_dx.data() + r0 * n64 / 4, xq_sx.data() + r0 * n64 / 4, xq_s.data() + r0 * n64 / 4, n64};
-    // one parallel region over every part's whole output blocks (a fused q/k/v is one region,
-    // not three: each region costs a wake-up and a barrier)
-    std::vector<int64_t> first_block(P + 1, 0);
-    for (size_t p = 0; p < P; ++p) first_block[p + 1] = first_block[p] + parts[p].size(0) / kOB[n];
-    at::parallel_for(0, first_block[P], 8, [&](int64_t b0, int64_t b1) {
-      vs::FpMode mode;
-      for (size_t p = 0; p < P; ++p) {
-        const int64_t lo = std::max(b0, first_block[p]), hi = std::min(b1, first_block[p + 1]);
-        if (lo >= hi) continue;
-        if (f[p].range8[n]) f[p].range8[n](xq, data[p], yr + first_out[p], in, out, lo - first_block[p], hi - first_block[p]);
-        else f[p].range[n](xr, data[p], yr + first_out[p], in, out, lo - first_block[p], hi - first_block[p]);
+}
+
+void Product::share(int64_t t, int64_t n) const {
+  for (int64_t r0 = 0; r0 < R_; r0 += 8) {  // 8 rows per pass over the weights
+    const int rn = static_cast<int>(R_ - r0 < 8 ? R_ - r0 : 8);
+    const float* xr = x_ + r0 * in_;
+    float* yr = y_ + r0 * out_;
+    const int64_t g = n64_ / 4;
+    const vs::XQ xq{const_cast<int8_t*>(q_.data()) + r0 * n64_, const_cast<float*>(dx_.data()) + r0 * g,
+                    const_cast<float*>(sx_.data()) + r0 * g, const_cast<int32_t*>(s_.data()) + r0 * g, n64_};
+    // every part's whole output blocks as one range (a fused q/k/v split once, not three times),
+    // at least 8 blocks a thread
+    int64_t blocks = 0;
+    for (const auto& p : parts_) blocks += p.rows / kOB[rn];
+    const int64_t used = std::clamp<int64_t>(blocks / 8, 1, n);
+    if (t >= used) continue;
+    const int64_t b0 = blocks * t / used, b1 = blocks * (t + 1) / used;
+    int64_t first_block = 0;
+    for (const auto& p : parts_) {
+      const int64_t nb = p.rows / kOB[rn], lo = std::max(b0, first_block), hi = std::min(b1, first_block + nb);
+      if (lo < hi) {
+        if (p.f.range8[rn]) p.f.range8[rn](xq, p.data, yr + p.first_out, in_, out_, lo - first_block, hi - first_block);
+        else p.f.range[rn](xr, p.data, yr + p.first_out, in_, out_, lo - first_block, hi - first_block);
       }
-    });
-    vs::FpMode mode;
-    for (size_t p = 0; p < P; ++p) {
-      const int64_t rows = parts[p].size(0), done = rows / kOB[n] * kOB[n];
-      if (done < rows && f[p].range8[n]) f[p].tail8[n](xq, data[p], yr + first_out[p], in, out, done, rows);
-      else if (done < rows) f[p].tail[n](xr, data[p], yr + first_out[p], in, out, done, rows);
+      first_block += nb;
+    }
+    if (t != used - 1) continue;
+    for (const auto& p : parts_) {  // the outputs past the whole blocks, one at a time
+      const int64_t done = p.rows / kOB[rn] * kOB[rn];
+      if (done < p.rows && p.f.range8[rn]) p.f.tail8[rn](xq, p.data, yr + p.first_out, in_, out_, done, p.rows);
+      else if (done < p.rows) p.f.tail[rn](xr, p.data, yr + p.first_out, in_, out_, done, p.rows);
     }
   }
+}
+
+at::Tensor weight_mm(at::Tensor x, const Weight& w) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(), "weight_mm: x must be float32 [R, in] on the CPU");
+  x = x.contiguous();
+  auto y = at::empty({x.size(0), weight_rows(w)}, x.options());
+  const Product product(x.data_ptr<float>(), x.size(0), x.size(1), w, y.data_ptr<float>());
+  const int64_t n = at::get_num_threads();
+  at::parallel_for(0, n, 1, [&](int64_t t0, int64_t t1) {
+    vs::FpMode mode;
+    for (int64_t t = t0; t < t1; ++t) product.share(t, n);
+  });
   return y;
 }
 

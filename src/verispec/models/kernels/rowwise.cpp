@@ -34,6 +34,51 @@ at::Tensor rows_mm(at::Tensor x, at::Tensor w) {
 // then its path (its ancestors root first, then itself): the keys a chain decoding that path would
 // have at those positions, in the same order, so the same bits.
 // q [T, H, D]; keys, values [KVH, A, D] (one layer of a KVCache, A >= start + T) -> [T, H * D]
+void tree_paths(const at::Tensor& parents, std::vector<int64_t>& paths, std::vector<int64_t>& offsets) {
+  auto par = parents.contiguous();
+  const int64_t T = par.size(0);
+  TORCH_CHECK(par.scalar_type() == at::kLong && par.dim() == 1, "attention_rows: parents [T] int64");
+  const int64_t* pp = par.data_ptr<int64_t>();
+  paths.clear();
+  offsets.assign(T + 1, 0);
+  std::vector<int64_t> up;
+  for (int64_t t = 0; t < T; ++t) {
+    TORCH_CHECK(pp[t] >= -1 && pp[t] < t, "attention_rows: parents[", t, "] = ", pp[t], " must be -1 or an earlier row");
+    up.clear();
+    for (int64_t r = t; r >= 0; r = pp[r]) up.push_back(r);
+    paths.insert(paths.end(), up.rbegin(), up.rend());
+    offsets[t + 1] = static_cast<int64_t>(paths.size());
+  }
+}
+
+// the (row, head) pairs [i0, i1), kv head by kv head, through attend_many (the keys read once per
+// block for all of them); a tree's row at its depth's position, seeing its path
+void AttentionRows::range(int64_t i0, int64_t i1) const {
+  if (i0 >= i1) return;
+  const bool tree = paths != nullptr;
+  const int64_t group = H / KVH, n = std::min<int64_t>(i1 - i0, vs::kAttendMany);
+  const auto first_of = [&](int64_t pos) { return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0; };
+  std::vector<float> qs(n * D), scores(n * (start + T));
+  std::vector<vs::Query> queries;
+  for (int64_t g = 0; g < KVH; ++g) {
+    const auto flush = [&] {
+      if (!queries.empty()) vs::attend_many(queries.data(), static_cast<int>(queries.size()), keys + g * A * D, values + g * A * D, D, scale);
+      queries.clear();
+    };
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t t = i / H, h = i % H;
+      if (h / group != g) continue;
+      const int64_t pos = tree ? start + (*offsets)[t + 1] - (*offsets)[t] - 1 : start + t;
+      const int64_t k = static_cast<int64_t>(queries.size());
+      vs::Query query{q + t * ldq + h * D, out + t * H * D + h * D, first_of(pos), pos, qs.data() + k * D, scores.data() + k * (start + T)};
+      if (tree) query.path = paths->data() + (*offsets)[t], query.start = start;
+      queries.push_back(query);
+      if (static_cast<int64_t>(queries.size()) == n) flush();
+    }
+    flush();
+  }
+}
+
 at::Tensor attention_rows(at::Tensor q, at::Tensor keys, at::Tensor values, int64_t start, int64_t window, double scale,
                           std::optional<at::Tensor> parents) {
   TORCH_CHECK(q.dim() == 3 && keys.dim() == 3 && values.sizes() == keys.sizes() && q.size(2) == keys.size(2),
@@ -45,52 +90,18 @@ at::Tensor attention_rows(at::Tensor q, at::Tensor keys, at::Tensor values, int6
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), KVH = keys.size(0), A = keys.size(1);
   TORCH_CHECK(KVH > 0 && H % KVH == 0, "attention_rows: heads must be a multiple of kv heads");
   TORCH_CHECK(start >= 0 && start + T <= A, "attention_rows: rows beyond the cache");
-  // each row's path (segment rows, root first, itself last): paths[offset[t] .. offset[t + 1])
-  std::vector<int64_t> paths, offset(T + 1, 0);
-  const bool tree = parents.has_value();
-  if (tree) {
-    auto par = parents->contiguous();
-    TORCH_CHECK(par.scalar_type() == at::kLong && par.dim() == 1 && par.size(0) == T, "attention_rows: parents [T] int64");
-    const int64_t* pp = par.data_ptr<int64_t>();
-    std::vector<int64_t> up;
-    for (int64_t t = 0; t < T; ++t) {
-      TORCH_CHECK(pp[t] >= -1 && pp[t] < t, "attention_rows: parents[", t, "] = ", pp[t], " must be -1 or an earlier row");
-      up.clear();
-      for (int64_t r = t; r >= 0; r = pp[r]) up.push_back(r);
-      paths.insert(paths.end(), up.rbegin(), up.rend());
-      offset[t + 1] = static_cast<int64_t>(paths.size());
-    }
+  std::vector<int64_t> paths, offsets;
+  if (parents) {
+    TORCH_CHECK(parents->dim() == 1 && parents->size(0) == T, "attention_rows: parents [T] int64");
+    tree_paths(*parents, paths, offsets);
   }
   auto out = at::empty({T, H * D}, q.options());
-  const float *qp = q.data_ptr<float>(), *kp = keys.data_ptr<float>(), *vp = values.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const int64_t group = H / KVH;
-  const auto first_of = [&](int64_t pos) { return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0; };
-  // each thread's (row, head) pairs, kv head by kv head, through attend_many (the keys read once
-  // per block for all of them); a tree's row at its depth's position, seeing its path
+  const AttentionRows rows{q.data_ptr<float>(), H * D, keys.data_ptr<float>(), values.data_ptr<float>(), out.data_ptr<float>(),
+                           T, H, KVH, D, A, start, window, static_cast<float>(scale),
+                           parents ? &paths : nullptr, parents ? &offsets : nullptr};
   at::parallel_for(0, T * H, 1, [&](int64_t i0, int64_t i1) {
     vs::FpMode mode;
-    const int64_t n = std::min<int64_t>(i1 - i0, vs::kAttendMany);
-    std::vector<float> qs(n * D), scores(n * (start + T));
-    std::vector<vs::Query> queries;
-    for (int64_t g = 0; g < KVH; ++g) {
-      const auto flush = [&] {
-        if (!queries.empty())
-          vs::attend_many(queries.data(), static_cast<int>(queries.size()), kp + g * A * D, vp + g * A * D, D, static_cast<float>(scale));
-        queries.clear();
-      };
-      for (int64_t i = i0; i < i1; ++i) {
-        const int64_t t = i / H, h = i % H;
-        if (h / group != g) continue;
-        const int64_t pos = tree ? start + offset[t + 1] - offset[t] - 1 : start + t;
-        const int64_t k = static_cast<int64_t>(queries.size());
-        vs::Query query{qp + (t * H + h) * D, op + t * H * D + h * D, first_of(pos), pos, qs.data() + k * D, scores.data() + k * (start + T)};
-        if (tree) query.path = paths.data() + offset[t], query.start = start;
-        queries.push_back(query);
-        if (static_cast<int64_t>(queries.size()) == n) flush();
-      }
-      flush();
-    }
+    rows.range(i0, i1);
   });
   return out;
 }

@@ -21,6 +21,48 @@ at::Tensor rows_mm(at::Tensor x, at::Tensor w);
 // blocks, uint8 [rows, row bytes], of ggml type types[p]
 using Weight = std::tuple<std::vector<at::Tensor>, std::vector<int64_t>>;
 int64_t weight_rows(const Weight& w);
+
+namespace vs {
+struct XQ;  // rows quantised for int8 activations (quant8.h)
+}
+template <class X>
+using RangeFn = void (*)(X, const uint8_t*, float*, int64_t, int64_t, int64_t, int64_t);
+
+// a format's properties (quant.cpp's props): weights and bytes per block, the range and tail
+// products for R rows (float32 activations, and int8 ones where asked for), the row unpacking
+struct Props {
+  int64_t elems = 0, bytes = 0;
+  RangeFn<const float*> range[9] = {}, tail[9] = {};
+  RangeFn<const vs::XQ&> range8[9] = {}, tail8[9] = {};
+  void (*unpack)(const uint8_t*, float*, int64_t) = nullptr;
+};
+
+// y [R, out] = x [R, in] @ unpacked(w)^T run by the threads of a parallel region (quant.cpp):
+// made by one thread (its checks, and x quantised once for int8 activations), then
+// share(t, n) by each thread t of n: its consecutive output blocks of every 8-row pass (the
+// single outputs past the last whole block go to the last thread that has work). Threads share
+// only x and y, and each (output, row) pair is computed whole by one of them, so no value depends
+// on the split. weight_mm is one in a region of its own.
+class Product {
+ public:
+  Product(const float* x, int64_t R, int64_t in, const Weight& w, float* y);
+  void share(int64_t t, int64_t n) const;
+
+ private:
+  struct Part {
+    Props f;
+    const uint8_t* data;
+    int64_t rows, first_out;
+  };
+  const float* x_;
+  float* y_;
+  int64_t R_, in_, out_, n64_;
+  bool int8_ = false;
+  std::vector<Part> parts_;
+  std::vector<int8_t> q_;  // x quantised (int8 activations): vs::XQ's arrays
+  std::vector<float> dx_, sx_;
+  std::vector<int32_t> s_;
+};
 // y [R, out] = x [R, in] @ unpacked(w)^T, each value what rows_mm gives over the unpacked matrix
 at::Tensor weight_mm(at::Tensor x, const Weight& w);
 // the unpacked matrix, float32 [out, in]
@@ -33,7 +75,66 @@ at::Tensor take_rows(const Weight& w, int64_t in, at::Tensor ids);
 at::Tensor attention_rows(at::Tensor q, at::Tensor keys, at::Tensor values, int64_t start, int64_t window, double scale,
                           std::optional<at::Tensor> parents);
 
-// One decoder layer over the rows of several sequences' short segments (see layer.cpp).
+// Query rows' attention split over a parallel region's threads (rowwise.cpp): q [T, H, D] at
+// positions start.. (row t's heads at q + t * ldq) over one layer's keys, values [KVH, A, D] ->
+// out [T, H * D]; paths: a token tree's rows' paths (tree_paths), null for a chain.
+// share(t, n): thread t's (row, head) pairs.
+struct AttentionRows {
+  const float* q;
+  int64_t ldq;
+  const float *keys, *values;
+  float* out;
+  int64_t T, H, KVH, D, A, start, window;
+  float scale;
+  const std::vector<int64_t>* paths = nullptr;  // paths[offsets[t] .. offsets[t + 1]): row t's path
+  const std::vector<int64_t>* offsets = nullptr;
+  void range(int64_t i0, int64_t i1) const;  // pairs i = t * H + h in [i0, i1)
+  void share(int64_t t, int64_t n) const { range(T * H * t / n, T * H * (t + 1) / n); }
+};
+// each row's path in a token tree (parents [T] int64, -1 or an earlier row): checked, root first
+void tree_paths(const at::Tensor& parents, std::vector<int64_t>& paths, std::vector<int64_t>& offsets);
+
+// A model's decoder layers for decoding and verification rows, run in one call (layer.cpp): the
+// weights handed over once (add_layer), then forward(x, ...) takes every row of a ragged batch
+// through all of them inside one parallel region.
+class Stack {
+ public:
+  Stack(int64_t heads, int64_t kv_heads, int64_t head_dim, double scale, double eps, bool gelu);
+  // window: the layer's sliding window (0: none); local: it takes the second RoPE table
+  void add_layer(at::Tensor attn_norm, Weight qkv, std::optional<at::Tensor> qkv_bias, std::optional<at::Tensor> qk_norm, Weight o,
+                 std::optional<at::Tensor> post_attn_norm, at::Tensor mlp_norm, Weight gate_up, Weight down,
+                 std::optional<at::Tensor> post_mlp_norm, int64_t window, bool local);
+  // the final norm and the LM head [vocab, hidden]
+  void set_head(at::Tensor norm, Weight head);
+  // x [N, hidden]: segment s's rows [rows[s], rows[s + 1]) at positions from starts[s], its cache's
+  // keys[s], values[s] [layers, KVH, A, D] (written there), parents[s] for a token tree; cos, sin
+  // [N, D] at each row's position (cos_local, sin_local: the second table's). Returns the rows'
+  // final-norm hidden states [N, hidden], the logits [len(logit_rows), vocab] of rows logit_rows
+  // (set_head's), and the residual streams entering the layers in `capture`, in that order.
+  std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> forward(at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tensor cos_local,
+                                                          at::Tensor sin_local, std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
+                                                          std::vector<int64_t> rows, std::vector<int64_t> starts,
+                                                          std::vector<std::optional<at::Tensor>> parents, std::vector<int64_t> capture,
+                                                          std::vector<int64_t> logit_rows) const;
+  int64_t size() const { return static_cast<int64_t>(layers_.size()); }
+
+ private:
+  struct Layer {
+    at::Tensor attn_norm, mlp_norm;
+    Weight qkv, o, gate_up, down;
+    std::optional<at::Tensor> qkv_bias, qk_norm, post_attn_norm, post_mlp_norm;
+    int64_t window;
+    bool local;
+  };
+  std::optional<at::Tensor> norm_;
+  std::optional<Weight> head_;
+  int64_t H_, KVH_, D_, hidden_ = 0, inter_ = 0;
+  float scale_, eps_;
+  bool gelu_;
+  std::vector<Layer> layers_;
+};
+
+// One decoder layer over the rows of several sequences' short segments: a Stack of one layer.
 at::Tensor decode_layer(at::Tensor x, at::Tensor attn_norm, const Weight& qkv, std::optional<at::Tensor> qkv_bias,
                         std::optional<at::Tensor> qk_norm, const Weight& o, std::optional<at::Tensor> post_attn_norm,
                         at::Tensor mlp_norm, const Weight& gate_up, const Weight& down, std::optional<at::Tensor> post_mlp_norm,

@@ -192,3 +192,24 @@ def test_bundled_model_speculative_greedy_on_int8_is_its_plain_greedy():
                speculative={"method": "prompt_lookup", "num_speculative_tokens": 5, "adaptive_k": False})
     got = [o.outputs[0].token_ids for o in spec.chat([[{"role": "user", "content": p}] for p in prompts], params)]
     assert got == plain and all(len(t) == 48 for t in plain)
+
+
+def test_int8_rows_with_non_finite_values_give_the_same_bits_on_every_variant():
+    """x's blocks are scaled by their largest |x| (int8.h's max_abs32: vector instructions on the
+    x86 variants, a loop on the others): a block with a NaN or an infinity makes the row's products
+    NaN (not quietly finite), negative zeros and a lone large value do not, and every variant
+    gives the same bits (NaN payloads included)."""
+    variants = [rowwise.load_variant(v) for v in rowwise.supported_variants()]
+    raw, q = _case("Q8_0", 19, 96, seed=3)
+    x = torch.randn(5, 96, generator=torch.Generator().manual_seed(1))
+    x[0, 7] = float("nan")
+    x[1, 40] = float("inf")
+    x[2, 64:96] = -0.0
+    x[3, 33] = -1e30
+    x[4, 0], x[4, 31] = float("nan"), 1e6  # a NaN beside the block's largest finite value
+    outs = [k.weight_mm(x, q.arg) for k in variants]
+    for k, y in zip(variants[1:], outs[1:]):
+        assert torch.equal(y.view(torch.int32), outs[0].view(torch.int32)), f"{k.variant()} differs from {variants[0].variant()}"
+    assert torch.isfinite(outs[0][2]).all() and torch.isfinite(outs[0][3]).all()
+    for r in (0, 1, 4):
+        assert torch.isnan(outs[0][r]).all(), f"row {r}: a non-finite activation must show in every product"

@@ -12,6 +12,8 @@
 // (Q5_K's fifth bits, one bit of a byte per half), q6 (Q6_K's 4 + 2 bits).
 #pragma once
 
+#include <limits>
+
 #include "quant.h"  // half_at
 #include "vec.h"
 
@@ -222,6 +224,43 @@ inline Q64 q6(const uint8_t* l, const uint8_t* h, int nshift, int hs0, int hs1) 
   for (int i = 0; i < 64; ++i) q.b[i] = static_cast<uint8_t>(((l[i] >> nshift) & 15) | (((h[i % 32] >> (i < 32 ? hs0 : hs1)) & 3) << 4));
   return q;
 }
+#endif
+
+// the largest |x[i]| of 32 floats, NaN where one is NaN (the block's products then show it:
+// quant8.h); the plain loop (max_abs32_loop) or a few vector instructions, the same answer
+inline float max_abs32_loop(const float* x) {
+  float a = 0.0f;
+  for (int i = 0; i < 32; ++i) {
+    const float v = std::fabs(x[i]);
+    if (v != v) return std::numeric_limits<float>::quiet_NaN();
+    a = v > a ? v : a;
+  }
+  return a;
+}
+#if defined(VERISPEC_AVX512)
+inline float max_abs32(const float* x) {
+  const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+  if (_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q)) return std::numeric_limits<float>::quiet_NaN();
+  return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+}
+#elif defined(VERISPEC_AVX2)
+inline float max_abs32(const float* x) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 m = _mm256_setzero_ps();
+  int nan = 0;
+  for (int i = 0; i < 32; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    nan |= _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v));
+  }
+  if (nan) return std::numeric_limits<float>::quiet_NaN();
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+}
+#else
+inline float max_abs32(const float* x) { return max_abs32_loop(x); }
 #endif
 
 #if !defined(VERISPEC_AVX512)

@@ -45,11 +45,7 @@ inline void quantize_rows(const float* x, int64_t rows, int64_t in, const XQ& xq
       float d = 0.0f;
       if (32 * b < in) {  // `in` is a whole number of 32-blocks (every format's block size divides it)
         const float* xb = xr + 32 * b;
-        float a = 0.0f;
-        for (int i = 0; i < 32; ++i) {
-          const float v = std::fabs(xb[i]);
-          a = v > a ? v : a;
-        }
+        const float a = max_abs32(xb);
         if (a > 0.0f && a <= 3.4028235e38f) {
           d = a / 127.0f;
           const float id = 127.0f / a;

@@ -68,9 +68,15 @@ def test_profile_measures_the_cost_curve(tiny_dir, tmp_path, capsys):
     assert profile.bandwidth_gbs > 0 and profile.weight_bytes > 0 and profile.linear_floor_ms > 0
     assert 0 < profile.linear_floor_ms < profile.forward_best_ms  # the linear layers are part of the forward
     assert 0 < profile.bound_ms < profile.cost(1, 128)  # nothing beats reading the weights once
+    from verispec.models.registry import load_model
+
+    c = load_model(str(tiny_dir("llama"))).config  # float32 keys and values of every layer, 512 positions
+    assert profile.kv_bytes_512 == c.num_layers * c.num_kv_heads * c.head_dim * 2 * 512 * 4
+    assert profile.bound_kv_ms == pytest.approx(profile.bound_ms * (1 + profile.kv_bytes_512 / profile.weight_bytes))
     printed = capsys.readouterr().out
     assert "forward cost" in printed and "fraction of bound" in printed
     assert f"{profile.forward_best_ms:.1f} / {profile.linear_floor_ms:.1f} = " in printed
+    assert f"{profile.forward_best_ms:.1f} / {profile.bound_kv_ms:.1f} = " in printed
     # the engine reads it back to choose k
     from verispec import LLM
     from verispec.engine.costs import default_cost
@@ -148,3 +154,16 @@ def test_a_peer_that_does_not_answer_in_time_is_killed_and_failed(tiny_dir, monk
     with pytest.raises(PeerFailed, match=r"^crashed: signal 11 \(SIGSEGV\) while loading$"):
         peer.wait_ready()
     peer.close()
+
+
+def test_kv_bytes_read_counts_a_sliding_layer_up_to_its_window():
+    from types import SimpleNamespace
+
+    from verispec.engine.costs import kv_bytes_read
+    from verispec.models.config import FULL, SLIDING
+
+    c = SimpleNamespace(layer_types=(SLIDING, FULL, SLIDING), sliding_window=100, num_kv_heads=2, head_dim=8)
+    per_position = c.num_kv_heads * c.head_dim * 2 * 4
+    assert kv_bytes_read(c, 512, 4) == (100 + 512 + 100) * per_position
+    assert kv_bytes_read(c, 50, 4) == 3 * 50 * per_position
+    assert kv_bytes_read(c, 512, 34 / 32) == int((100 + 512 + 100) * per_position / 4 * 34 / 32)

@@ -2,7 +2,9 @@
 lengths, per backend and weights format: the curve speculation lives on (a k-token verification
 costs cost(k + 1)). Also the physical limit: the machine's memory bandwidth, and each backend's
 one-token forward as a fraction of the bound it sets (weights read once per token: weight bytes /
-bandwidth); for the torch backend, the time its linear layers alone take.
+bandwidth; and after 512 tokens, with the keys and values the attention reads added to the weights:
+at that context SmolLM2's float32 KV cache is a quarter of its Q4_1 weights' bytes); for the torch
+backend, the time its linear layers alone take.
 
 Each result is saved as JSON that the engine reads back (`--cost-profile`, `CostProfile.load`)
 to choose k.
@@ -16,7 +18,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from verispec.engine.costs import CostProfile, time_forwards
+from verispec.engine.costs import CostProfile, kv_bytes_read, time_forwards
 
 
 def measure_bandwidth(mib: int = 512, repeats: int = 5) -> float:
@@ -94,6 +96,8 @@ def run_profiles(model: str, backends: list[str], out: Path) -> int:
         profile.weights_format = (llm.runner.weights_format + (", batch_invariant off" if fmt == "fast" else "")) if backend == "torch" else (fmt or "as shipped")
         profile.weight_bytes = llm.runner.weight_bytes
         profile.bandwidth_gbs = bandwidth
+        # the KV cache's values: float32 in the torch backend, Q8_0 blocks (34 bytes a 32) in llama.cpp's
+        profile.kv_bytes_512 = kv_bytes_read(llm.runner.config, 512, 4 if backend == "torch" else 34 / 32)
         if backend == "torch":
             profile.forward_best_ms, profile.linear_floor_ms = floor_pair(llm.runner, min(512, llm.runner.max_context - 1))
         path = out / f"cost_profile-{spec.replace(':', '-')}.json"
@@ -109,17 +113,20 @@ def run_profiles(model: str, backends: list[str], out: Path) -> int:
 def summary(profiles: list[CostProfile]) -> str:
     lines = [
         "| backend | weights | weight MB | one-token forward ms (ctx 512, median) | bandwidth bound ms | fraction of bound | "
+        "KV MB read at ctx 512 | bound with it ms | best forward / that bound | "
         "linear floor ms (best of 10) | forward / floor (best of 10 each, timed in turn) |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in profiles:
         one = p.cost(1, 512)
         floor = "- | -"
+        best = "-"
         if p.linear_floor_ms:  # run_profiles times forward_best_ms with it
             floor = f"{p.linear_floor_ms:.1f} | {p.forward_best_ms:.1f} / {p.linear_floor_ms:.1f} = {p.forward_best_ms / p.linear_floor_ms:.2f}x"
+            best = f"{p.forward_best_ms:.1f} / {p.bound_kv_ms:.1f} = {p.forward_best_ms / p.bound_kv_ms:.2f}x"
         lines.append(
             f"| {p.backend} | {p.weights_format} | {p.weight_bytes / 1e6:.0f} | {one:.1f} | {p.bound_ms:.1f} | "
-            f"{p.bound_ms / one:.2f} | {floor} |"
+            f"{p.bound_ms / one:.2f} | {p.kv_bytes_512 / 1e6:.1f} | {p.bound_kv_ms:.1f} | {best} | {floor} |"
         )
     return "\n".join(lines)
 

@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from verispec.models.config import SLIDING
 from verispec.models.loaders import _log, cache_root, memoised
 from verispec.models.rowwise import cpu_name
 from verispec.models.transformer import KERNEL_WIDTH
@@ -154,11 +155,17 @@ class CostProfile:
     bandwidth_gbs: float = 0.0  # measured read bandwidth of this machine
     linear_floor_ms: float | None = None  # torch: one token through every linear layer, best of 10
     forward_best_ms: float | None = None  # torch: a one-token forward after 512 tokens, best of 10, beside the floor
+    kv_bytes_512: int = 0  # keys and values a one-token forward reads after 512 tokens (kv_bytes_read)
 
     @property
     def bound_ms(self) -> float:
         """Bandwidth bound of a one-token forward: every weight byte read once."""
         return self.weight_bytes / (self.bandwidth_gbs * 1e9) * 1000 if self.bandwidth_gbs else float("nan")
+
+    @property
+    def bound_kv_ms(self) -> float:
+        """The same bound after 512 tokens, counting the KV cache's bytes the attention reads too."""
+        return (self.weight_bytes + self.kv_bytes_512) / (self.bandwidth_gbs * 1e9) * 1000 if self.bandwidth_gbs else float("nan")
 
     def cost(self, k: int, context: int) -> float:
         """Median ms of a forward over k new tokens, at the profiled context nearest `context`."""
@@ -235,3 +242,13 @@ def cached_cost(runner, max_n: int) -> CostCurve:
         return measured_points(runner, n)
 
     return interpolated([(int(a), float(b)) for a, b in memoised("cost-curves.json", key, measure)])
+
+
+def kv_bytes_read(config, context: int, bytes_per_value: float) -> int:
+    """Bytes of keys and values a one-token forward reads after `context` tokens: every layer's kv
+    heads over the positions it sees (a sliding layer at most its window)."""
+    positions = 0
+    for kind in config.layer_types:
+        window = config.sliding_window if kind == SLIDING and config.sliding_window else context
+        positions += min(context, window)
+    return int(positions * config.num_kv_heads * config.head_dim * 2 * bytes_per_value)

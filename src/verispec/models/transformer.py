@@ -23,10 +23,11 @@ Norm weights are stored as applied: Gemma's (1 + w) offset is folded in by the l
 
 Decoding and verification rows (segments of fewer than 48 tokens), float32 on the CPU: the
 row-wise kernels (the variant this CPU runs best: AVX-512, AVX2, NEON or plain C++, all
-bit-identical) (models/rowwise.py, kernels/) run each layer in one call (`_forward_rows`): its
-projections (one pass over the weights per 8 rows, near the memory bandwidth), its attention (one
-query row at a time over exactly the keys it sees) and the glue between them (norms, RoPE, the
-cache write, the activation), each with one fixed arithmetic whatever the rows beside it.
+bit-identical) (models/rowwise.py, kernels/) run every layer, the final norm and the LM head in
+one call (`_forward_rows`, kernels/layer.cpp's Stack, given the weights once at construction):
+the projections (one pass over the weights per 8 rows, near the memory bandwidth), the attention
+(one query row at a time over exactly the keys it sees) and the glue between them (norms, RoPE,
+the cache write, the activation), each with one fixed arithmetic whatever the rows beside it.
 Prompts (48+ tokens) go through `_layer`: F.linear and SDPA's flash kernel; a batch that mixes
 both runs them as two forwards. Without the kernel (another
 dtype, no C++ compiler, VERISPEC_KERNELS=0) projections run as `W @ x^T` through MKL

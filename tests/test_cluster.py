@@ -281,6 +281,10 @@ def test_a_replica_dies_during_load(cluster, ray_address):
         r = await client.post(cluster + "/v1/completions", json={**body, "prompt": f"w{i + 3} w8"})
         results[i] = ("whole", r.status_code, r.headers.get("x-verispec-replica"), r.json())
 
+    # every replica's actor looked up before the load: under a busy machine the lookup took long
+    # enough for the victim's streams to finish before the kill landed (no error left to report)
+    actors = _replica_actors(ray)
+
     async def run():
         async with httpx.AsyncClient(timeout=120) as client:
             tasks = [asyncio.ensure_future((streamed if i % 2 else whole)(client, i)) for i in range(12)]
@@ -289,7 +293,7 @@ def test_a_replica_dies_during_load(cluster, ray_address):
             await asyncio.sleep(0.3)  # all in flight
             assert len(results) == 0
             victim = streaming_on[0]
-            await asyncio.to_thread(_kill, ray, victim)
+            await asyncio.to_thread(_kill, ray, actors, victim)
             after = [asyncio.ensure_future(whole(client, 100 + i)) for i in range(4)]
             await asyncio.gather(*tasks, *after)
             return victim
@@ -323,11 +327,16 @@ def test_a_replica_dies_during_load(cluster, ray_address):
     assert len(replicas) == 2 and victim not in replicas
 
 
-def _kill(ray, tag: str) -> None:
-    """Kill (no restart) the replica actor of Ray Serve replica `tag`."""
-    for actor in ray.util.list_named_actors(all_namespaces=True):
-        if actor["name"].endswith(f"#{tag}"):
-            ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
+def _replica_actors(ray) -> dict[str, object]:
+    """Every named actor's handle by name (Ray Serve's replica actors end with '#<replica tag>')."""
+    return {a["name"]: ray.get_actor(a["name"], namespace=a["namespace"]) for a in ray.util.list_named_actors(all_namespaces=True)}
+
+
+def _kill(ray, actors: dict[str, object], tag: str) -> None:
+    """Kill (no restart) the replica actor of Ray Serve replica `tag` (handles from _replica_actors)."""
+    for name, handle in actors.items():
+        if name.endswith(f"#{tag}"):
+            ray.kill(handle, no_restart=True)
             return
     raise AssertionError(f"no actor for replica {tag}")
 

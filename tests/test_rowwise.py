@@ -97,3 +97,40 @@ def test_attention_matches_float64_and_rows_stand_alone(kern, H, KVH, D, window)
         assert torch.equal(kern.attention_rows(q[t : t + 1], keys, values, start + t, window, scale), out[t : t + 1])
     with pytest.raises(RuntimeError, match="beyond the cache"):
         kern.attention_rows(q, keys, values, A - 2, window, scale)
+
+
+def test_the_stack_checks_its_input(tiny_dir):
+    """The one-call forward (kernels/layer.cpp's Stack) refuses what it cannot run, with a message,
+    before its parallel region (where an error could not be raised): rows that do not start at 0,
+    a cache of the wrong shape, a captured layer or a logit row out of range, a layer of other sizes."""
+    from verispec.models.registry import load_model
+    from verispec.models.transformer import Transformer, _kernel_weight
+
+    loaded = load_model(str(tiny_dir("llama")))
+    m = Transformer(loaded.config, loaded.weights)
+    if m._stack is None:
+        pytest.skip("the row-wise kernels do not build here")
+    c, stack = m.config, m._stack
+    cache = m.new_cache(16)
+    x = torch.randn(2, c.hidden_size)
+    cos, sin = m.rope.get(0, 2)
+
+    def call(rows=(0,), keys=None, capture=(), logit_rows=(1,)):
+        return stack.forward(x, cos, sin, cos, sin, [cache.keys if keys is None else keys], [cache.values], list(rows), [0],
+                             [None], list(capture), list(logit_rows))
+
+    h, logits, streams = call(capture=(1,))
+    assert h.shape == (2, c.hidden_size) and logits.shape == (1, c.vocab_size) and streams[0].shape == (2, c.hidden_size)
+    with pytest.raises(RuntimeError, match="starts at row 0"):
+        call(rows=(1,))
+    with pytest.raises(RuntimeError, match="contiguous float32 caches"):
+        call(keys=cache.keys[:1])
+    with pytest.raises(RuntimeError, match="capture layer 9 out of range"):
+        call(capture=(9,))
+    with pytest.raises(RuntimeError, match="logit row 2 out of range"):
+        call(logit_rows=(2,))
+    L = m.layers[0]
+    small = torch.ones(c.hidden_size // 2)
+    with pytest.raises(RuntimeError, match="same sizes"):
+        stack.add_layer(small, _kernel_weight(L.qkv), None, None, _kernel_weight(L.o), None, small,
+                        _kernel_weight(L.gate_up), _kernel_weight(L.down), None, 0, False)

@@ -4,7 +4,6 @@ each row bit-identical whatever the rows beside it:
     attention_rows(q, keys, values, start, window, scale)   each query row over its causal keys
     Stack(...).add_layer(<a layer's weights>) ... .forward(x, cos, sin, <caches>, ...)
                                                     every layer, the final norm, the LM head (layer.cpp)
-    decode_layer(x, <a layer's weights>, cos, sin, <caches>, ...)   one layer (a Stack of one)
 
 The arithmetic is defined once (kernels/vec.h, ops.h) and built per instruction set, each variant
 giving bit-identical results:

@@ -88,6 +88,7 @@ std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> Stack::forward(at::T
   }
   TORCH_CHECK(S > 0 && keys.size() == static_cast<size_t>(S) && values.size() == keys.size() && starts.size() == rows.size() &&
               parents.size() == rows.size(), "Stack.forward: one rows, starts, parents, keys, values entry per segment");
+  TORCH_CHECK(rows[0] == 0, "Stack.forward: the first segment starts at row 0");
   std::vector<std::vector<int64_t>> paths(S), offsets(S);
   for (int64_t s = 0; s < S; ++s) {
     const int64_t r0 = rows[s], r1 = s + 1 < S ? rows[s + 1] : N, T = r1 - r0;
@@ -218,21 +219,4 @@ std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> Stack::forward(at::T
     if (nl) product->share(t, n);
   }
   return {norm_ ? hn : x, logits, captured};
-}
-
-at::Tensor decode_layer(at::Tensor x, at::Tensor attn_norm, const Weight& qkv, std::optional<at::Tensor> qkv_bias,
-                        std::optional<at::Tensor> qk_norm, const Weight& o, std::optional<at::Tensor> post_attn_norm,
-                        at::Tensor mlp_norm, const Weight& gate_up, const Weight& down, std::optional<at::Tensor> post_mlp_norm,
-                        at::Tensor cos, at::Tensor sin, std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
-                        std::vector<int64_t> rows, std::vector<int64_t> starts, std::vector<std::optional<at::Tensor>> parents,
-                        int64_t heads, int64_t kv_heads, int64_t window, double scale, double eps, bool gelu) {
-  TORCH_CHECK(cos.dim() == 2, "decode_layer: cos, sin [N, D]");
-  Stack stack(heads, kv_heads, cos.size(1), scale, eps, gelu);
-  stack.add_layer(attn_norm, qkv, qkv_bias, qk_norm, o, post_attn_norm, mlp_norm, gate_up, down, post_mlp_norm, window, false);
-  for (auto* c : {&keys, &values})
-    for (auto& t : *c) {
-      TORCH_CHECK(t.dim() == 3, "decode_layer: cache layers [KVH, A, D]");
-      t = t.unsqueeze(0);
-    }
-  return std::get<0>(stack.forward(x, cos, sin, cos, sin, keys, values, rows, starts, parents, {}, {}));
 }

@@ -133,11 +133,3 @@ class Stack {
   bool gelu_;
   std::vector<Layer> layers_;
 };
-
-// One decoder layer over the rows of several sequences' short segments: a Stack of one layer.
-at::Tensor decode_layer(at::Tensor x, at::Tensor attn_norm, const Weight& qkv, std::optional<at::Tensor> qkv_bias,
-                        std::optional<at::Tensor> qk_norm, const Weight& o, std::optional<at::Tensor> post_attn_norm,
-                        at::Tensor mlp_norm, const Weight& gate_up, const Weight& down, std::optional<at::Tensor> post_mlp_norm,
-                        at::Tensor cos, at::Tensor sin, std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
-                        std::vector<int64_t> rows, std::vector<int64_t> starts, std::vector<std::optional<at::Tensor>> parents,
-                        int64_t heads, int64_t kv_heads, int64_t window, double scale, double eps, bool gelu);

@@ -265,15 +265,16 @@ def test_a_replica_dies_during_load(cluster, ray_address):
 
     body = {"model": MODEL, "max_tokens": 400, "temperature": 0, "ignore_eos": True}
     results: dict[int, tuple] = {}
-    streaming_on: list[str] = []  # replicas of the streams that have started
+    streaming_on: list[str] = []  # replicas of the streams that have sent their first event
 
     async def streamed(client, i):
         replica, events = None, []
         async with client.stream("POST", cluster + "/v1/completions", json={**body, "prompt": f"w{i + 3} w9", "stream": True}) as r:
             replica = r.headers.get("x-verispec-replica")
-            streaming_on.append(replica)
             async for line in r.aiter_lines():
                 if line.startswith("data: "):
+                    if not events:
+                        streaming_on.append(replica)
                     events.append(line[6:])
         results[i] = ("stream", r.status_code, replica, events)
 
@@ -288,9 +289,10 @@ def test_a_replica_dies_during_load(cluster, ray_address):
     async def run():
         async with httpx.AsyncClient(timeout=120) as client:
             tasks = [asyncio.ensure_future((streamed if i % 2 else whole)(client, i)) for i in range(12)]
+            # the kill as soon as a stream is under way: that stream has ~400 tokens to go (a fixed
+            # wait after it let every request finish first once the forward got faster)
             while not streaming_on:
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(0.3)  # all in flight
+                await asyncio.sleep(0.005)
             assert len(results) == 0
             victim = streaming_on[0]
             await asyncio.to_thread(_kill, ray, actors, victim)

@@ -251,6 +251,11 @@ class _Span:
         return None if self.paths is None else torch.tensor([len(p) - 1 for p in self.paths])
 
 
+def _logit_rows(segments: list[Segment], spans: list[_Span]) -> list[int]:
+    """The batch's rows whose logits are wanted: each segment's last num_logits, in order."""
+    return [r for s, sp in zip(segments, spans) for r in range(sp.row + sp.end - sp.start - s.num_logits, sp.row + sp.end - sp.start)]
+
+
 class Transformer:
     """A decoder: tokens in, logits out, keys/values written to each sequence's KVCache."""
 
@@ -427,9 +432,9 @@ class Transformer:
         cos_local, sin_local = ropes.get(True, ropes[False])
         parents = [None if s.parents is None else torch.tensor(s.parents, dtype=torch.int64) for s in segments]
         wanted = sorted({i for s in segments for i in s.aux_layers})
-        logit_rows = [r for s, sp in zip(segments, spans) for r in range(sp.row + sp.end - sp.start - s.num_logits, sp.row + sp.end - sp.start)]
         h, logits, streams = self._stack.forward(x, cos, sin, cos_local, sin_local, [s.cache.keys for s in segments],
-                                                 [s.cache.values for s in segments], rows, starts, parents, wanted, logit_rows)
+                                                 [s.cache.values for s in segments], rows, starts, parents, wanted,
+                                                 _logit_rows(segments, spans))
         # h [N, hidden] after the final norm, logits [len(logit_rows), vocab]
         return self._split(segments, spans, h, logits, dict(zip(wanted, streams)))
 
@@ -439,8 +444,7 @@ class Transformer:
         `captured`: layer -> the residual stream [N, hidden] entering it (Segment.aux_layers)."""
         c = self.config
         h = self._norm(x, self.norm)  # [N, hidden]
-        rows = [torch.arange(sp.end - sp.start - s.num_logits, sp.end - sp.start) + sp.row for s, sp in zip(segments, spans)]
-        wanted = torch.cat(rows)  # [sum num_logits]
+        wanted = torch.tensor(_logit_rows(segments, spans), dtype=torch.int64)  # [sum num_logits]
         head_groups = invariant_chunks(wanted.numel(), self.invariant_width) if self.batch_invariant else None
         logits = _project_groups(h[wanted], self.lm_head, None, head_groups).float() if wanted.numel() else h.new_empty(0, c.vocab_size).float()
         return self._split(segments, spans, h, logits, captured)

@@ -48,28 +48,27 @@ void Stack::add_layer(at::Tensor attn_norm, Weight qkv, std::optional<at::Tensor
                       std::optional<at::Tensor> post_mlp_norm, int64_t window, bool local) {
   const int64_t hidden = attn_norm.numel(), width = (H_ + 2 * KVH_) * D_, inter = weight_rows(gate_up) / 2;
   TORCH_CHECK(layers_.empty() || (hidden == hidden_ && inter == inter_), "Stack: every layer has the same sizes");
+  // each matrix resolved and checked once, here, where an error can still be raised (not in the region)
+  WeightParts qkv_parts(qkv, hidden), o_parts(o, H_ * D_), gate_up_parts(gate_up, hidden), down_parts(down, inter);
   check_vector(attn_norm, hidden, "attn_norm");
   check_vector(mlp_norm, hidden, "mlp_norm");
   check_vector(post_attn_norm, hidden, "post_attn_norm");
   check_vector(post_mlp_norm, hidden, "post_mlp_norm");
   check_vector(qkv_bias, width, "qkv_bias");
   check_vector(qk_norm, (H_ + KVH_) * D_, "qk_norm");
-  TORCH_CHECK(weight_rows(qkv) == width, "Stack: qkv has (heads + 2 kv_heads) * head_dim rows");
-  TORCH_CHECK(weight_rows(o) == hidden && weight_rows(down) == hidden && 2 * inter == weight_rows(gate_up),
+  TORCH_CHECK(qkv_parts.rows() == width, "Stack: qkv has (heads + 2 kv_heads) * head_dim rows");
+  TORCH_CHECK(o_parts.rows() == hidden && down_parts.rows() == hidden && 2 * inter == gate_up_parts.rows(),
               "Stack: o and down have hidden rows, gate_up an even number");
-  // every check a product makes of its weight, here, where an error can still be raised
-  Product(nullptr, 0, hidden, qkv, nullptr), Product(nullptr, 0, H_ * D_, o, nullptr);
-  Product(nullptr, 0, hidden, gate_up, nullptr), Product(nullptr, 0, inter, down, nullptr);
   hidden_ = hidden, inter_ = inter;
-  layers_.push_back(Layer{attn_norm, mlp_norm, std::move(qkv), std::move(o), std::move(gate_up), std::move(down),
+  layers_.push_back(Layer{attn_norm, mlp_norm, std::move(qkv_parts), std::move(o_parts), std::move(gate_up_parts), std::move(down_parts),
                           qkv_bias, qk_norm, post_attn_norm, post_mlp_norm, window, local});
 }
 
 void Stack::set_head(at::Tensor norm, Weight head) {
   TORCH_CHECK(!layers_.empty(), "Stack: the layers first, then the head");
   check_vector(norm, hidden_, "the final norm");
-  Product(nullptr, 0, hidden_, head, nullptr);  // its checks
-  norm_ = norm, head_ = std::move(head);
+  head_.emplace(head, hidden_);
+  norm_ = norm;
 }
 
 std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> Stack::forward(at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tensor cos_local,
@@ -113,7 +112,7 @@ std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> Stack::forward(at::T
   auto h = at::empty({N, hidden}, opts), qkv = at::empty({N, width}, opts), attn = at::empty({N, H * D}, opts);
   auto a = at::empty({N, hidden}, opts), gu = at::empty({N, 2 * I}, opts), m = at::empty({N, I}, opts);
   auto hn = at::empty({N, hidden}, opts), picked = at::empty({nl, hidden}, opts);
-  auto logits = at::empty({nl, head_ ? weight_rows(*head_) : 0}, opts);
+  auto logits = at::empty({nl, head_ ? head_->rows() : 0}, opts);
   std::vector<at::Tensor> captured;
   for (size_t c = 0; c < capture.size(); ++c) captured.push_back(at::empty({N, hidden}, opts));
   float *X = x.data_ptr<float>(), *Hp = h.data_ptr<float>(), *Q = qkv.data_ptr<float>(), *At = attn.data_ptr<float>();
@@ -147,7 +146,7 @@ std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> Stack::forward(at::T
         for (size_t c = 0; c < capture.size(); ++c)
           if (capture[c] == l) std::copy(X, X + N * hidden, captured[c].data_ptr<float>());
         norm_rows(W.attn_norm);
-        product.emplace(Hp, N, hidden, W.qkv, Q);
+        product.emplace(Hp, N, W.qkv, Q);
       }
       product->share(t, n);
 #pragma omp barrier
@@ -185,7 +184,7 @@ std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> Stack::forward(at::T
       for (int64_t s = 0; s < S; ++s) jobs[s].share(t, n);
 #pragma omp barrier
 #pragma omp single
-      product.emplace(At, N, H * D, W.o, Ap);
+      product.emplace(At, N, W.o, Ap);
       product->share(t, n);
 #pragma omp barrier
       // 4. the MLP
@@ -193,14 +192,14 @@ std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> Stack::forward(at::T
       {
         residual(W.post_attn_norm, Ap);
         norm_rows(W.mlp_norm);
-        product.emplace(Hp, N, hidden, W.gate_up, G);
+        product.emplace(Hp, N, W.gate_up, G);
       }
       product->share(t, n);
 #pragma omp barrier
 #pragma omp single
       {
         for (int64_t r = 0; r < N; ++r) vs::gated(G + r * 2 * I, G + r * 2 * I + I, M + r * I, I, gelu_);
-        product.emplace(M, N, I, W.down, Ap);
+        product.emplace(M, N, W.down, Ap);
       }
       product->share(t, n);
 #pragma omp barrier
@@ -214,7 +213,7 @@ std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> Stack::forward(at::T
         for (int64_t i = 0; i < nl; ++i)
           std::copy_n(hn.data_ptr<float>() + logit_rows[i] * hidden, hidden, picked.data_ptr<float>() + i * hidden);
       }
-      if (nl) product.emplace(picked.data_ptr<float>(), nl, hidden, *head_, logits.data_ptr<float>());
+      if (nl) product.emplace(picked.data_ptr<float>(), nl, *head_, logits.data_ptr<float>());
     }
     if (nl) product->share(t, n);
   }

@@ -105,55 +105,56 @@ int64_t weight_rows(const Weight& w) {
   return n;
 }
 
-Product::Product(const float* x, int64_t R, int64_t in, const Weight& w, float* y) : x_(x), y_(y), R_(R), in_(in) {
-  const auto& [parts, types] = w;
+WeightParts::WeightParts(const Weight& w, int64_t in) : keep_(w), in_(in) {
+  const auto& [parts, types] = keep_;
   TORCH_CHECK(!parts.empty() && parts.size() == types.size(), "weight_mm: one type per part");
-  int64_t first_out = 0;
   for (size_t p = 0; p < parts.size(); ++p) {
-    Part part{props(types[p]), nullptr, parts[p].size(0), first_out};
+    Part part{props(types[p]), nullptr, parts[p].size(0), out_};
     part.data = part_data(parts[p], base_type(types[p]), part.f, in);
     int8_ = int8_ || part.f.range8[1] != nullptr;
-    first_out += part.rows;
+    out_ += part.rows;
     parts_.push_back(part);
   }
-  out_ = first_out;
-  n64_ = vs::padded64(in);
-  if (int8_) {  // int8 activations: every row of x quantised once (quant8.h)
+}
+
+Product::Product(const float* x, int64_t R, const WeightParts& w, float* y) : x_(x), y_(y), R_(R), w_(w), n64_(vs::padded64(w.in_)) {
+  if (w.int8_) {  // int8 activations: every row of x quantised once (quant8.h)
     q_.resize(R * n64_), dx_.resize(R * n64_ / 4), sx_.resize(R * n64_ / 4), s_.resize(R * n64_ / 4);
     vs::FpMode mode;
-    vs::quantize_rows(x, R, in, vs::XQ{q_.data(), dx_.data(), sx_.data(), s_.data(), n64_});
+    vs::quantize_rows(x, R, w.in_, vs::XQ{q_.data(), dx_.data(), sx_.data(), s_.data(), n64_});
   }
 }
 
 void Product::share(int64_t t, int64_t n) const {
   for (int64_t r0 = 0; r0 < R_; r0 += 8) {  // 8 rows per pass over the weights
     const int rn = static_cast<int>(R_ - r0 < 8 ? R_ - r0 : 8);
-    const float* xr = x_ + r0 * in_;
-    float* yr = y_ + r0 * out_;
+    const int64_t in = w_.in_, out = w_.out_;
+    const float* xr = x_ + r0 * in;
+    float* yr = y_ + r0 * out;
     const int64_t g = n64_ / 4;
     const vs::XQ xq{const_cast<int8_t*>(q_.data()) + r0 * n64_, const_cast<float*>(dx_.data()) + r0 * g,
                     const_cast<float*>(sx_.data()) + r0 * g, const_cast<int32_t*>(s_.data()) + r0 * g, n64_};
     // every part's whole output blocks as one range (a fused q/k/v split once, not three times),
     // at least 8 blocks a thread
     int64_t blocks = 0;
-    for (const auto& p : parts_) blocks += p.rows / kOB[rn];
+    for (const auto& p : w_.parts_) blocks += p.rows / kOB[rn];
     const int64_t used = std::clamp<int64_t>(blocks / 8, 1, n);
     if (t >= used) continue;
     const int64_t b0 = blocks * t / used, b1 = blocks * (t + 1) / used;
     int64_t first_block = 0;
-    for (const auto& p : parts_) {
+    for (const auto& p : w_.parts_) {
       const int64_t nb = p.rows / kOB[rn], lo = std::max(b0, first_block), hi = std::min(b1, first_block + nb);
       if (lo < hi) {
-        if (p.f.range8[rn]) p.f.range8[rn](xq, p.data, yr + p.first_out, in_, out_, lo - first_block, hi - first_block);
-        else p.f.range[rn](xr, p.data, yr + p.first_out, in_, out_, lo - first_block, hi - first_block);
+        if (p.f.range8[rn]) p.f.range8[rn](xq, p.data, yr + p.first_out, in, out, lo - first_block, hi - first_block);
+        else p.f.range[rn](xr, p.data, yr + p.first_out, in, out, lo - first_block, hi - first_block);
       }
       first_block += nb;
     }
     if (t != used - 1) continue;
-    for (const auto& p : parts_) {  // the outputs past the whole blocks, one at a time
+    for (const auto& p : w_.parts_) {  // the outputs past the whole blocks, one at a time
       const int64_t done = p.rows / kOB[rn] * kOB[rn];
-      if (done < p.rows && p.f.range8[rn]) p.f.tail8[rn](xq, p.data, yr + p.first_out, in_, out_, done, p.rows);
-      else if (done < p.rows) p.f.tail[rn](xr, p.data, yr + p.first_out, in_, out_, done, p.rows);
+      if (done < p.rows && p.f.range8[rn]) p.f.tail8[rn](xq, p.data, yr + p.first_out, in, out, done, p.rows);
+      else if (done < p.rows) p.f.tail[rn](xr, p.data, yr + p.first_out, in, out, done, p.rows);
     }
   }
 }
@@ -161,8 +162,9 @@ void Product::share(int64_t t, int64_t n) const {
 at::Tensor weight_mm(at::Tensor x, const Weight& w) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(), "weight_mm: x must be float32 [R, in] on the CPU");
   x = x.contiguous();
-  auto y = at::empty({x.size(0), weight_rows(w)}, x.options());
-  const Product product(x.data_ptr<float>(), x.size(0), x.size(1), w, y.data_ptr<float>());
+  const WeightParts parts(w, x.size(1));
+  auto y = at::empty({x.size(0), parts.rows()}, x.options());
+  const Product product(x.data_ptr<float>(), x.size(0), parts, y.data_ptr<float>());
   const int64_t n = at::get_num_threads();
   at::parallel_for(0, n, 1, [&](int64_t t0, int64_t t1) {
     vs::FpMode mode;

@@ -37,32 +37,49 @@ struct Props {
   void (*unpack)(const uint8_t*, float*, int64_t) = nullptr;
 };
 
-// y [R, out] = x [R, in] @ unpacked(w)^T run by the threads of a parallel region (quant.cpp):
-// made by one thread (its checks, and x quantised once for int8 activations), then
-// share(t, n) by each thread t of n: its consecutive output blocks of every 8-row pass (the
-// single outputs past the last whole block go to the last thread that has work). Threads share
-// only x and y, and each (output, row) pair is computed whole by one of them, so no value depends
-// on the split. weight_mm is one in a region of its own.
-class Product {
+// A Weight resolved for products over `in` columns (quant.cpp): each part's format (Props), bytes
+// and first output in the stacked matrix, checked once; it holds the parts' tensors. A model's
+// Stack makes its matrices' once, at construction; weight_mm one a call.
+class WeightParts {
  public:
-  Product(const float* x, int64_t R, int64_t in, const Weight& w, float* y);
-  void share(int64_t t, int64_t n) const;
+  WeightParts(const Weight& w, int64_t in);
+  int64_t rows() const { return out_; }
 
  private:
+  friend class Product;
   struct Part {
     Props f;
     const uint8_t* data;
     int64_t rows, first_out;
   };
+  Weight keep_;
+  int64_t in_, out_ = 0;
+  bool int8_ = false;  // some part multiplies with int8 activations
+  std::vector<Part> parts_;
+};
+
+// y [R, out] = x [R, in] @ unpacked(w)^T run by the threads of a parallel region (quant.cpp):
+// made by one thread (x quantised once for int8 activations), then share(t, n) by each thread t
+// of n: its consecutive output blocks of every 8-row pass (the single outputs past the last whole
+// block go to the last thread that has work). Threads share only x and y, and each (output, row)
+// pair is computed whole by one of them, so no value depends on the split. weight_mm is one in a
+// region of its own.
+class Product {
+ public:
+  Product(const float* x, int64_t R, const WeightParts& w, float* y);
+  void share(int64_t t, int64_t n) const;
+
+ private:
   const float* x_;
   float* y_;
-  int64_t R_, in_, out_, n64_;
-  bool int8_ = false;
-  std::vector<Part> parts_;
+  int64_t R_;
+  const WeightParts& w_;
+  int64_t n64_;
   std::vector<int8_t> q_;  // x quantised (int8 activations): vs::XQ's arrays
   std::vector<float> dx_, sx_;
   std::vector<int32_t> s_;
 };
+
 // y [R, out] = x [R, in] @ unpacked(w)^T, each value what rows_mm gives over the unpacked matrix
 at::Tensor weight_mm(at::Tensor x, const Weight& w);
 // the unpacked matrix, float32 [out, in]
@@ -121,13 +138,13 @@ class Stack {
  private:
   struct Layer {
     at::Tensor attn_norm, mlp_norm;
-    Weight qkv, o, gate_up, down;
+    WeightParts qkv, o, gate_up, down;
     std::optional<at::Tensor> qkv_bias, qk_norm, post_attn_norm, post_mlp_norm;
     int64_t window;
     bool local;
   };
   std::optional<at::Tensor> norm_;
-  std::optional<Weight> head_;
+  std::optional<WeightParts> head_;
   int64_t H_, KVH_, D_, hidden_ = 0, inter_ = 0;
   float scale_, eps_;
   bool gelu_;

@@ -118,3 +118,38 @@ def test_files_that_are_not_gguf_or_cut_short(tmp_path):
             GGUFFile(bad)
     with pytest.raises(UnsupportedModelError, match="cannot be read"):
         GGUFFile(tmp_path / "missing.gguf")
+
+
+def _mapping_rss_kib(path) -> int:
+    """Resident KiB of this process's mappings of `path` (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            parts = line.split()
+            if "-" in parts[0] and not parts[0].endswith(":"):
+                inside = len(parts) > 5 and parts[5] == str(path)
+            elif inside and parts[0] == "Rss:":
+                total += int(parts[1])
+    return total
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/smaps"), reason="needs Linux /proc")
+def test_pages_read_into_a_copy_leave_the_process(tmp_path):
+    """loaders._forget_pages: the whole pages of a range read once (q and k, copied to be permuted)
+    no longer count in the process's memory; the bytes read back are still the file's."""
+    import mmap
+
+    from verispec.models.loaders import _forget_pages
+
+    path = tmp_path / "blob.bin"
+    data = np.random.default_rng(0).integers(0, 256, 64 * mmap.PAGESIZE + 123, dtype=np.uint8)
+    path.write_bytes(data.tobytes())
+    mapped = np.memmap(path, dtype=np.uint8, mode="c")
+    copy = np.array(mapped)  # reads (maps) every page
+    assert (copy == data).all()
+    before = _mapping_rss_kib(path)
+    assert before >= 64 * mmap.PAGESIZE // 1024
+    _forget_pages(mapped, 100, 60 * mmap.PAGESIZE)  # pages 1..59 wholly inside; 0 and 60 only in part
+    after = _mapping_rss_kib(path)
+    assert before - after == 59 * mmap.PAGESIZE // 1024
+    assert (np.array(mapped) == data).all()

@@ -35,7 +35,7 @@ from verispec.errors import UnsupportedModelError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GGUFTokenizerInfo", "tokenizer_from_gguf", "SUPPORTED_TOKENIZER_MODELS"]
+__all__ = ["GGUFTokenizerInfo", "tokenizer_from_gguf", "compact_tokenizer_from_gguf", "tokenizer_info", "SUPPORTED_TOKENIZER_MODELS"]
 
 SUPPORTED_TOKENIZER_MODELS = ("gpt2", "llama")
 
@@ -288,11 +288,7 @@ def _spm_tokenizer(
 ) -> tuple[Tokenizer, list[AddedToken], list[str], bool]:
     arch = str(meta.get("general.architecture") or "")
     gemma = arch.startswith("gemma")
-    scores = meta.get("tokenizer.ggml.scores")
-    if scores is not None and len(scores) != len(tokens):
-        raise UnsupportedModelError(
-            f"GGUF tokenizer has {len(scores)} scores for {len(tokens)} tokens"
-        )
+    scores = meta.get("tokenizer.ggml.scores")  # length checked in _check_metadata
 
     spelled = tokens
     if gemma:
@@ -376,16 +372,8 @@ def _post_processor(
     return processors.TemplateProcessing(single=single, pair=pair, special_tokens=specials)
 
 
-def tokenizer_from_gguf(meta: Mapping[str, Any]) -> tuple[Tokenizer, GGUFTokenizerInfo]:
-    """Build the model's tokenizer from a GGUF file's metadata (`GGUFFile.metadata`: key -> value).
-
-    The returned tokenizer's post-processor adds BOS (and EOS) as the file asks
-    (`tokenizer.ggml.add_bos_token` / `add_eos_token`), as transformers' tokenizer does; use
-    `add_special_tokens=False` for the text's ids alone.
-
-    Raises UnsupportedModelError for a tokenizer type other than "gpt2" / "llama", or for
-    missing / inconsistent tokenizer metadata.
-    """
+def _check_metadata(meta: Mapping[str, Any]) -> tuple[str, list[str], list[int]]:
+    """(tokenizer model, tokens, token types), or UnsupportedModelError."""
     model_type = meta.get("tokenizer.ggml.model")
     if model_type is None:
         raise UnsupportedModelError("GGUF file has no tokenizer (no tokenizer.ggml.model key)")
@@ -404,7 +392,56 @@ def tokenizer_from_gguf(meta: Mapping[str, Any]) -> tuple[Tokenizer, GGUFTokeniz
         token_types = [_NORMAL] * n
     elif len(token_types) != n:
         raise UnsupportedModelError(f"GGUF tokenizer has {len(token_types)} token types for {n} tokens")
+    scores = meta.get("tokenizer.ggml.scores")
+    if model_type == "llama" and scores is not None and len(scores) != n:
+        raise UnsupportedModelError(f"GGUF tokenizer has {len(scores)} scores for {n} tokens")
+    return model_type, tokens, token_types
 
+
+def tokenizer_info(meta: Mapping[str, Any], vocab: Mapping[str, int], default_add_bos: bool) -> GGUFTokenizerInfo:
+    """BOS / EOS / end-of-turn ids, the BOS rule and the chat template, from the metadata and the
+    vocabulary (text -> id) the tokenizer built from it."""
+    n = len(meta["tokenizer.ggml.tokens"])
+    bos_id = _token_id(meta, "tokenizer.ggml.bos_token_id", n)
+    eos_id = _token_id(meta, "tokenizer.ggml.eos_token_id", n)
+    add_bos = meta.get("tokenizer.ggml.add_bos_token")
+    add_bos = default_add_bos if add_bos is None else bool(add_bos)
+    eos_ids: list[int] = [] if eos_id is None else [eos_id]
+    extra = {
+        i
+        for i in (
+            _token_id(meta, "tokenizer.ggml.eot_token_id", n),
+            _token_id(meta, "tokenizer.ggml.eom_token_id", n),
+        )
+        if i is not None
+    }
+    for text in _END_OF_TURN_TEXTS:
+        i = vocab.get(text)
+        if i is not None:
+            extra.add(i)
+    eos_ids.extend(sorted(extra - set(eos_ids)))
+    chat_template = meta.get("tokenizer.chat_template")
+    return GGUFTokenizerInfo(
+        bos_token_id=bos_id,
+        eos_token_id=eos_id,
+        add_bos_token=add_bos,
+        chat_template=str(chat_template) if chat_template is not None else None,
+        eos_token_ids=tuple(eos_ids),
+    )
+
+
+def tokenizer_from_gguf(meta: Mapping[str, Any]) -> tuple[Tokenizer, GGUFTokenizerInfo]:
+    """Build the model's tokenizer from a GGUF file's metadata (`GGUFFile.metadata`: key -> value).
+
+    The returned tokenizer's post-processor adds BOS (and EOS) as the file asks
+    (`tokenizer.ggml.add_bos_token` / `add_eos_token`), as transformers' tokenizer does; use
+    `add_special_tokens=False` for the text's ids alone.
+
+    Raises UnsupportedModelError for a tokenizer type other than "gpt2" / "llama", or for
+    missing / inconsistent tokenizer metadata.
+    """
+    model_type, tokens, token_types = _check_metadata(meta)
+    n = len(tokens)
     bos_id = _token_id(meta, "tokenizer.ggml.bos_token_id", n)
     eos_id = _token_id(meta, "tokenizer.ggml.eos_token_id", n)
     unk_id = _token_id(meta, "tokenizer.ggml.unknown_token_id", n)
@@ -429,36 +466,24 @@ def tokenizer_from_gguf(meta: Mapping[str, Any]) -> tuple[Tokenizer, GGUFTokeniz
     if plain:
         tok.add_tokens(plain)
 
-    add_bos = meta.get("tokenizer.ggml.add_bos_token")
-    add_bos = default_add_bos if add_bos is None else bool(add_bos)
+    info = tokenizer_info(meta, tok.get_vocab(with_added_tokens=False), default_add_bos)
     add_eos = bool(meta.get("tokenizer.ggml.add_eos_token") or False)
     tok.post_processor = _post_processor(
-        (spelled[bos_id], bos_id) if add_bos and bos_id is not None else None,
+        (spelled[bos_id], bos_id) if info.add_bos_token and bos_id is not None else None,
         (spelled[eos_id], eos_id) if add_eos and eos_id is not None else None,
     )
-
-    eos_ids: list[int] = [] if eos_id is None else [eos_id]
-    extra = {
-        i
-        for i in (
-            _token_id(meta, "tokenizer.ggml.eot_token_id", n),
-            _token_id(meta, "tokenizer.ggml.eom_token_id", n),
-        )
-        if i is not None
-    }
-    vocab = tok.get_vocab(with_added_tokens=False)
-    for text in _END_OF_TURN_TEXTS:
-        i = vocab.get(text)
-        if i is not None:
-            extra.add(i)
-    eos_ids.extend(sorted(extra - set(eos_ids)))
-
-    chat_template = meta.get("tokenizer.chat_template")
-    info = GGUFTokenizerInfo(
-        bos_token_id=bos_id,
-        eos_token_id=eos_id,
-        add_bos_token=add_bos,
-        chat_template=str(chat_template) if chat_template is not None else None,
-        eos_token_ids=tuple(eos_ids),
-    )
     return tok, info
+
+
+def compact_tokenizer_from_gguf(meta: Mapping[str, Any]):
+    """(tokenizer, info) with the compact SentencePiece tokenizer (`spm_tokenizer`) where it gives
+    the same ids as `tokenizer_from_gguf`'s pipeline (a "llama" vocabulary without merges: Gemma,
+    Llama 2, ...), else that pipeline. The compact one holds ~40 MiB less for Gemma 3 and builds
+    in ~0.1 s instead of ~1.5 s."""
+    from verispec.models.spm_tokenizer import spm_from_gguf
+
+    _check_metadata(meta)
+    compact = spm_from_gguf(meta)
+    if compact is None:
+        return tokenizer_from_gguf(meta)
+    return compact, tokenizer_info(meta, compact.vocab, True)

@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import mmap
 import os
 import shutil
 import sys
@@ -32,6 +33,7 @@ from verispec.models.gguf_file import GGUFFile, GGUFTensorInfo
 from verispec.models.tokenizer import Tokenizer
 
 CACHE_VERSION = "3"
+META_CACHE_VERSION = "4"  # 4: SentencePiece vocabularies cached as the compact tokenizer (spm.json)
 
 
 @dataclass
@@ -185,7 +187,7 @@ def gguf_meta(path: Path) -> tuple[ModelConfig, Tokenizer, dict, str]:
     Reading it takes ~0.2 s for Gemma 3's 262,144-token vocabulary (gguf_file), building the
     tokenizer ~1.5 s more."""
     digest = file_sha256(path)
-    meta = cache_root() / f"gguf-{digest[:24]}-meta-v{CACHE_VERSION}"
+    meta = cache_root() / f"gguf-{digest[:24]}-meta-v{META_CACHE_VERSION}"
     if (meta / "done").exists():
         table = json.loads((meta / "tensors.json").read_text())
         arch = table.pop("__arch__")
@@ -212,10 +214,12 @@ def load_gguf_blocks(path: Path) -> LoadedModel:
     config, tokenizer, table, arch = gguf_meta(path)
     mapped = np.memmap(path, dtype=np.uint8, mode="c")  # copy-on-write: writable views, the file untouched
     tensors = dict(table)
+    tensors_read: dict[str, tuple[int, int]] = {}
 
     def rows_of(name: str) -> tuple[np.ndarray, int, int]:
         """A tensor's rows as stored (uint8 blocks, or float32 for F32), its type and row width."""
         type_, shape, offset, nbytes = tensors.pop(name)
+        tensors_read[name] = (offset, nbytes)
         n_rows = int(np.prod(shape[1:])) if len(shape) > 1 else 1
         raw = mapped[offset : offset + nbytes].reshape(n_rows, -1)
         return (raw.view(np.float32) if type_ == 0 else raw), type_, int(shape[0])
@@ -236,6 +240,7 @@ def load_gguf_blocks(path: Path) -> LoadedModel:
             n_head = heads[i] if i < len(heads) else None
             if n_head:  # llama.cpp's q/k row order -> ours: a permutation of whole rows of blocks
                 data = np.ascontiguousarray(_reverse_permute(data, n_head))
+                _forget_pages(mapped, *tensors_read[name])
             parts.append(torch.from_numpy(data))
             types.append(type_)
         return QuantTensor(parts, types, width)
@@ -317,6 +322,21 @@ def _convert_to_cache(path: Path, folder: Path) -> None:
     except OSError:  # another process finished first
         shutil.rmtree(tmp, ignore_errors=True)
     _log(f"converted in {time.time() - t0:.1f}s")
+
+
+def _forget_pages(mapped: np.memmap, offset: int, nbytes: int) -> None:
+    """Drop the mapped pages of bytes [offset, offset + nbytes) of the file from this process
+    (MADV_DONTNEED; only pages wholly inside the range): a tensor read once into a copy (q and k,
+    permuted) would otherwise stay resident twice, as the file's pages and as the copy (SmolLM2:
+    ~8 MiB). The mapping is private and never written there, so nothing is lost; a later read
+    would fetch the bytes from the file again."""
+    page = mmap.PAGESIZE
+    start = -(-offset // page) * page
+    end = (offset + nbytes) // page * page
+    raw = getattr(mapped, "_mmap", None)
+    if raw is not None and end > start and hasattr(mmap, "MADV_DONTNEED"):
+        mapped_from = mapped.offset - mapped.offset % mmap.ALLOCATIONGRANULARITY  # the file position of raw[0]
+        raw.madvise(mmap.MADV_DONTNEED, start - mapped_from, end - start)
 
 
 def _reverse_permute(w: np.ndarray, n_head: int) -> np.ndarray:

@@ -16,6 +16,9 @@ import tokenizers
 
 from verispec.errors import ChatTemplateError
 from verispec.models.heap import return_freed_heap
+from verispec.models.spm_tokenizer import SpmTokenizer
+
+SPM_FILE = "spm.json"  # a compact SentencePiece tokenizer's file (models/spm_tokenizer.py)
 
 log = logging.getLogger("verispec")
 
@@ -63,7 +66,7 @@ def _with_string_merges(text: str) -> str:
 class Tokenizer:
     def __init__(
         self,
-        tok: tokenizers.Tokenizer,
+        tok: tokenizers.Tokenizer | SpmTokenizer,
         bos_token_id: int | None,
         eos_token_ids: tuple[int, ...],
         add_bos: bool,
@@ -94,9 +97,9 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, meta: Mapping[str, Any]) -> "Tokenizer":
         """From a GGUF file's metadata (`GGUFFile.metadata`)."""
-        from verispec.models.gguf_tokenizer import tokenizer_from_gguf
+        from verispec.models.gguf_tokenizer import compact_tokenizer_from_gguf
 
-        tok, info = tokenizer_from_gguf(meta)
+        tok, info = compact_tokenizer_from_gguf(meta)
         arch = str(meta.get("general.architecture") or "")
         return_freed_heap()
         return cls(
@@ -140,7 +143,10 @@ class Tokenizer:
         return cls(tok, token_id(cfg.get("bos_token")), eos_ids, False, template, use_post_processor=True)
 
     def save(self, folder: Path) -> None:
-        (folder / "tokenizer.json").write_text(_with_string_merges(self.tok.to_str()), encoding="utf-8")
+        if isinstance(self.tok, SpmTokenizer):
+            self.tok.save(folder / SPM_FILE)
+        else:
+            (folder / "tokenizer.json").write_text(_with_string_merges(self.tok.to_str()), encoding="utf-8")
         meta = dict(
             bos_token_id=self.bos_token_id,
             eos_token_ids=list(self.eos_token_ids),
@@ -153,10 +159,14 @@ class Tokenizer:
 
     @classmethod
     def load(cls, folder: Path) -> "Tokenizer":
-        """A tokenizer saved by `save` (Gemma 3's: ~0.6 s, its 262,144 tokens parsed)."""
+        """A tokenizer saved by `save` (Gemma 3's compact one: ~0.2 s)."""
         meta = json.loads((folder / "tokenizer_meta.json").read_text())
         meta["eos_token_ids"] = tuple(meta["eos_token_ids"])
-        tok = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+        tok: tokenizers.Tokenizer | SpmTokenizer
+        if (folder / SPM_FILE).exists():
+            tok = SpmTokenizer.load(folder / SPM_FILE)
+        else:
+            tok = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
         return_freed_heap()
         return cls(tok, **meta)
 

@@ -173,7 +173,8 @@ class Tokenizer:
     # -- use ----------------------------------------------------------------------------------
     def _encode(self, text: str, add_special_tokens: bool):
         # a long text through encode_batch, which releases the GIL while it works (encode holds it):
-        # a server tokenising a large prompt on a worker thread keeps answering meanwhile
+        # a server tokenising a large prompt on a worker thread keeps answering meanwhile. (The
+        # compact SentencePiece tokenizer is Python and holds it: ~1 us a character.)
         if len(text) > LONG_TEXT:
             return self.tok.encode_batch([text], add_special_tokens=add_special_tokens)[0]
         return self.tok.encode(text, add_special_tokens=add_special_tokens)

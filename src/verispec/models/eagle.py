@@ -129,10 +129,13 @@ class EagleHead:
 
     @torch.inference_mode()
     def forward(self, states: torch.Tensor, tokens: torch.Tensor, cache: KVCache, fused: bool,
-                offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                offset: int = 0, logit_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows at positions offset + cache.length.. : states [T, state_width] (the target's, `fused`) or
         [T, H] (the head's own pre-norm outputs), tokens [T] (token p + 1 of each row p).
-        Returns logits [T, draft_vocab] and the pre-norm outputs [T, H]; the cache advances by T."""
+        Returns logits [T, draft_vocab] (`logit_rows`: of the last that many rows only; the LM head
+        over the draft vocabulary is ~45% of the head's weights, so a prompt fed whole costs
+        about half as much when only its last row's logits are wanted) and the pre-norm outputs
+        [T, H]; the cache advances by T."""
         c = self.config
         T, start = tokens.shape[0], cache.length
         x, residual = embed_and_state(self, states, self.embed(tokens), fused)
@@ -149,7 +152,7 @@ class EagleHead:
             enable_gqa=c.num_heads != c.num_kv_heads,
         )[0].transpose(0, 1).reshape(T, c.num_heads * c.head_dim)  # [T, heads * D]
         pre = after_attention(self, attn, residual)
-        return logits(self, pre), pre
+        return logits(self, pre if logit_rows is None else pre[-logit_rows:]), pre
 
 
 def _part(w: torch.Tensor) -> tuple[torch.Tensor, int]:

@@ -118,7 +118,7 @@ class EagleProposer:
 
     def _feed(self, seq: SequenceView) -> tuple[_Seq, torch.Tensor, torch.Tensor] | None:
         """The last draft's rows cut, the states the target kept since fed: (the request's state,
-        the first draft's logits [m, dv] and pre-norm outputs [m, H]); None without new states."""
+        the first draft's logits [1, dv] and pre-norm outputs [m, H]); None without new states."""
         st = self._seqs[seq.request_id]
         st.cache.truncate(st.real)  # the last draft's rows
         states = torch.cat(seq.states) if seq.states else None  # [m, state_width]
@@ -129,7 +129,8 @@ class EagleProposer:
         tokens = torch.tensor(seq.tokens[first + 1 : first + 1 + states.shape[0]], dtype=torch.int64)
         if tokens.shape[0] != states.shape[0]:
             raise RuntimeError(f"EAGLE states out of step: {states.shape[0]} states for {tokens.shape[0]} tokens")
-        logits, pre = self.head.forward(states, tokens, st.cache, fused=True, offset=st.offset)  # [m, dv], [m, H]
+        # [1, dv] (the last row's logits: the first draft token's), [m, H]
+        logits, pre = self.head.forward(states, tokens, st.cache, fused=True, offset=st.offset, logit_rows=1)
         st.real += states.shape[0]
         return st, logits, pre
 

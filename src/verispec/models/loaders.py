@@ -327,8 +327,7 @@ def _convert_to_cache(path: Path, folder: Path) -> None:
 def _forget_pages(mapped: np.memmap, offset: int, nbytes: int) -> None:
     """Drop the mapped pages of bytes [offset, offset + nbytes) of the file from this process
     (MADV_DONTNEED; only pages wholly inside the range): a tensor read once into a copy (q and k,
-    permuted) would otherwise stay resident twice, as the file's pages and as the copy (SmolLM2:
-    ~8 MiB). The mapping is private and never written there, so nothing is lost; a later read
+    permuted) would otherwise stay resident twice, as the file's pages and as the copy. The mapping is private and never written there, so nothing is lost; a later read
     would fetch the bytes from the file again."""
     page = mmap.PAGESIZE
     start = -(-offset // page) * page

@@ -2,13 +2,13 @@
 
 `gguf_tokenizer` rebuilds these vocabularies as a Hugging Face `tokenizers` BPE, with merges
 derived from the vocabulary (every split of a token into two tokens of the vocabulary, ranked by
-the merged token). That is exact, but Gemma 3's 262,144 tokens become ~515k merges, two hash maps
-of strings and the heap's fragments: ~96 MiB resident, as much as a third of the model's weights.
-SentencePiece itself needs no merges: two neighbouring pieces merge when their concatenation is
-in the vocabulary, the best-ranked concatenation first. This class does exactly that, with the
-same ranks, tie-breaks and edge cases as the `tokenizers` pipeline `gguf_tokenizer` builds, so
-its ids are the same (tests/test_spm_tokenizer.py checks it against that pipeline on the real
-files and on random text), and it holds the vocabulary once: ~20 MiB for Gemma 3.
+the merged token). That is exact, but Gemma 3's 262,144 tokens become ~515k merges, held beside
+two hash maps of the vocabulary's strings: as much memory as a third of the model's weights
+(docs/design/quant.md). SentencePiece itself needs no merges: two neighbouring pieces merge when
+their concatenation is in the vocabulary, the best-ranked concatenation first. This class does
+exactly that, with the same ranks, tie-breaks and edge cases as the `tokenizers` pipeline
+`gguf_tokenizer` builds, so its ids are the same (tests/test_spm_tokenizer.py checks it against
+that pipeline on the real files and on random text), and it holds the vocabulary once.
 
 The pipeline it reproduces, in order:
 1. Added tokens (CONTROL, UNKNOWN, USER_DEFINED, and BOS / EOS / UNK / PAD) are cut out of the
@@ -188,7 +188,8 @@ class SpmTokenizer:
 
     def to_str(self) -> str:
         """The equivalent `tokenizers` pipeline as tokenizer.json text (for libraries that read
-        one, such as llguidance). Built on demand: Gemma 3's takes ~2 s and ~100 MiB."""
+        one, such as llguidance). Built on demand, with the derived merges: seconds and a large
+        vocabulary's full memory."""
         from verispec.models.gguf_tokenizer import tokenizer_from_gguf
 
         tok, _ = tokenizer_from_gguf(self.metadata())

@@ -44,9 +44,9 @@ _MERGE_PAIR = re.compile(rf"\[({_JSON_STRING}),({_JSON_STRING})\]")
 
 def _with_string_merges(text: str) -> str:
     """A tokenizer.json with its BPE merges written as "left right" strings instead of pairs,
-    where no piece holds a space: the same tokenizer, which `tokenizers` parses faster (Gemma 3's
-    514,906 merges: a load ~0.75 -> ~0.55 s). Rewritten in the text, not through json: parsing
-    the whole file into Python objects would take ~200 MiB."""
+    where no piece holds a space: the same tokenizer, which `tokenizers` parses faster. Rewritten
+    in the text, not through json: parsing a large file into Python objects takes several times
+    its size in memory."""
     at = text.find('"merges":[')
     if at < 0:
         return text
@@ -159,7 +159,8 @@ class Tokenizer:
 
     @classmethod
     def load(cls, folder: Path) -> "Tokenizer":
-        """A tokenizer saved by `save` (Gemma 3's compact one: ~0.2 s)."""
+        """A tokenizer saved by `save`: the compact SentencePiece one where `save` wrote it, else a
+        `tokenizers` pipeline."""
         meta = json.loads((folder / "tokenizer_meta.json").read_text())
         meta["eos_token_ids"] = tuple(meta["eos_token_ids"])
         tok: tokenizers.Tokenizer | SpmTokenizer

@@ -52,8 +52,7 @@ inline float half_at(const uint8_t* p) {
 #if defined(__F16C__)
   // the same exact conversion in one instruction (the x86 variants' builds); through vmovd, which
   // zeroes the register, not _cvtsh_ss, whose vpinsrw merges into the register's old value: a
-  // dependency from block to block (SmolLM2's Q4_1 one-row forward 5.28 -> 4.27 ms with this and
-  // set1_halves)
+  // dependency from block to block that slowed every product (docs/results/quant/2026-12-06-stack.md)
   return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
 #else
   return half(h);

@@ -15,6 +15,10 @@ Token types follow llama.cpp / transformers: CONTROL tokens become special added
 USER_DEFINED ones become plain (non-special) added tokens matched whole in the raw text. Both are
 `normalized=False`, so the text must contain them literally.
 
+The engine loads `compact_tokenizer_from_gguf`: for a SentencePiece vocabulary without merges it
+is `spm_tokenizer.SpmTokenizer`, which gives this pipeline's ids without holding the derived
+merges; otherwise this pipeline.
+
 The result matches `transformers.AutoTokenizer.from_pretrained(folder, gguf_file=...)` on the
 files we test (SmolLM2, Gemma 3), except where noted in `_BYTE_LEVEL_PRE` (transformers ignores
 `tokenizer.ggml.pre` values it does not know, e.g. "smollm"; we follow llama.cpp and the model's
@@ -35,7 +39,13 @@ from verispec.errors import UnsupportedModelError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GGUFTokenizerInfo", "tokenizer_from_gguf", "compact_tokenizer_from_gguf", "tokenizer_info", "SUPPORTED_TOKENIZER_MODELS"]
+__all__ = [
+    "GGUFTokenizerInfo",
+    "tokenizer_from_gguf",
+    "compact_tokenizer_from_gguf",
+    "tokenizer_info",
+    "SUPPORTED_TOKENIZER_MODELS",
+]
 
 SUPPORTED_TOKENIZER_MODELS = ("gpt2", "llama")
 

@@ -90,6 +90,46 @@ def test_attention_bit_identical_across_variants(kernels, H, KVH, D, window):
     _assert_all_equal({v: k.attention_rows(q, keys, values, 30, window, D**-0.5) for v, k in kernels.items()}, "attention")
 
 
+def _argmax_rows_cases() -> list[torch.Tensor]:
+    """Rows that try argmax's rule: ties (small integers), a NaN (the first one wins), infinities,
+    -0 beside +0, every width around the 16-lane blocks, SmolLM2's and Gemma 3's vocabularies."""
+    g = torch.Generator().manual_seed(0)
+    cases = []
+    for width in (1, 2, 15, 16, 17, 31, 33, 49152, 262144):
+        x = torch.randint(0, 4, (4, width), generator=g).float()  # many ties
+        cases.append(x)
+        y = torch.randn(5, width, generator=g)
+        y[0, -1] = float("nan")
+        y[1, width // 2] = float("inf")
+        y[1, -1] = float("inf")
+        y[2] = float("-inf")
+        y[3] = 0.0
+        y[3, width // 3] = -0.0
+        y[4, 0] = float("nan")
+        if width > 2:
+            y[4, 1] = float("nan")
+        cases.append(y)
+    cases.append(torch.full((2, 40), float("nan")))
+    cases.append(torch.randn(6, 262144, generator=g))
+    cases.append(torch.randn(3, 1000, generator=g)[:, ::2])  # not contiguous
+    return cases
+
+
+def test_row_argmax_is_torch_argmax_on_every_variant(kernels):
+    """rows_argmax (the greedy choice of every verified row) gives torch.argmax's index, on
+    every variant: a wrong tie-break or NaN rule would change greedy outputs."""
+    for x in _argmax_rows_cases():
+        want = x.argmax(dim=-1)
+        for v, k in kernels.items():
+            got = k.rows_argmax(x)
+            assert got.dtype == torch.int64 and torch.equal(got, want), (v, x.shape, got.tolist(), want.tolist())
+    # the engine's helper takes the kernel's answer, and torch's where the kernel does not apply
+    assert torch.equal(rowwise.argmax_rows(torch.tensor([[1.0, 3.0, 3.0]])), torch.tensor([1]))
+    assert torch.equal(rowwise.argmax_rows(torch.tensor([[1, 3, 3]], dtype=torch.float64)), torch.tensor([1]))
+    with pytest.raises(RuntimeError, match="rows_argmax"):
+        next(iter(kernels.values())).rows_argmax(torch.zeros(2, 3, 4))
+
+
 def test_flush_to_zero_set_by_the_caller_changes_nothing(kernels):
     """Denormal inputs and products: each kernel pins its floating-point mode, so torch's
     set_flush_denormal (which sets FTZ / DAZ on this thread) cannot change a result."""

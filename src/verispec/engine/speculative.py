@@ -40,6 +40,7 @@ from verispec.engine.runner import BatchItem, ModelRunner
 from verispec.engine.stops import StopChecker
 from verispec.errors import (ContextLengthError, InvalidPromptError, InvalidSamplingParamsError,
                              InvalidSpeculativeConfigError)
+from verispec.models.rowwise import argmax_rows
 from verispec.proposers.base import Draft, Proposer, SequenceView
 from verispec.sampling.processors import logits_to_probs
 from verispec.sampling.rejection import VerifyOutput, greedy_verify, rejection_sample
@@ -255,7 +256,7 @@ class SpeculativeDecoder:
         p = req.params
         if p.greedy:
             dist = logits
-            out = greedy_tree_verify(logits.argmax(dim=-1), draft.tokens, draft.parents)
+            out = greedy_tree_verify(argmax_rows(logits), draft.tokens, draft.parents)
         else:
             dist = torch.cat([logits_to_probs(row[None], p.temperature, p.top_k, p.top_p, p.min_p) for row in logits])
             out = tree_rejection_sample(dist, draft.tokens, draft.parents, draft.probs, generator=req.view.generator)
@@ -318,7 +319,7 @@ class SpeculativeDecoder:
                 if self._state_args:
                     state_parts[i].append(self._state_of(out))
                 chosen = out.logits if reqs[i].processor is None else reqs[i].processor.process(out.logits, done[i])
-                agreed = not reqs[i].params.greedy or chosen.argmax(-1).tolist() == rows[i][done[i] + 1 : done[i] + 1 + n]
+                agreed = not reqs[i].params.greedy or argmax_rows(chosen).tolist() == rows[i][done[i] + 1 : done[i] + 1 + n]
                 done[i] += n
                 if chunk + 1 < len(plans[i]) and agreed:
                     still.append(i)
@@ -391,7 +392,7 @@ class SpeculativeDecoder:
         if req.processor is not None:
             logits = req.processor.process(logits)
         if req.params.greedy:
-            return greedy_verify(logits.argmax(dim=-1)[None], draft_tokens), logits
+            return greedy_verify(argmax_rows(logits)[None], draft_tokens), logits
         p = req.params
         # row by row: each row's distribution is the one plain decoding computes for it
         target_probs = torch.cat([logits_to_probs(row[None], p.temperature, p.top_k, p.top_p, p.min_p)

@@ -12,6 +12,8 @@
 //   rmsnorm      y = (x * r) * w, r = 1 / sqrt(dot(x, x) / n + eps)
 //   gated        y = act(g) * u (SiLU, or GELU's tanh form), 16 lanes at a time
 //   rope         x * cos + rotate_half(x) * sin (sin with its first half negated: RopeTable)
+//   argmax       torch.argmax's answer for one row: the first index of the largest value, a NaN
+//                larger than everything (the first NaN wins)
 #pragma once
 
 #include "vec.h"
@@ -286,6 +288,62 @@ inline void rope(float* x, const float* cos, const float* sin, int64_t D, float*
   const int64_t half = D / 2;
   for (int64_t d = 0; d < D; ++d) tmp[d] = x[d] * cos[d] + x[(d + half) % D] * sin[d];
   for (int64_t d = 0; d < D; ++d) x[d] = tmp[d];
+}
+
+// torch.argmax's rule one value at a time: the reference, and the path for rows holding an
+// infinity or a NaN
+inline int64_t argmax_exact(const float* x, int64_t n) {
+  float best = x[0];
+  if (best != best) return 0;
+  int64_t at = 0;
+  for (int64_t i = 1; i < n; ++i) {
+    const float v = x[i];
+    if (v != v) return i;
+    if (v > best) best = v, at = i;
+  }
+  return at;
+}
+
+// The same index for a row of n >= 1 values: the largest value in vector lanes (every lane's
+// v * 0 summed beside it: NaN once an infinity or a NaN is met, which sends the row to
+// argmax_exact), then the first index holding it (x == best: -0 and +0 tie, as they do for
+// torch's comparison, so the first of them wins), looked for only in the lanes whose largest
+// value it is (lane k holds x[k], x[k + 16], ...), then in the tail
+inline int64_t argmax(const float* x, int64_t n) {
+  const int64_t body = n / 16 * 16;
+  V m = set1(-3.4028235e38f), finite = zero();
+  for (int64_t i = 0; i < body; i += 16) {
+    const V v = load(x + i);
+    m = max(v, m);
+    finite = add(finite, mul(v, zero()));
+  }
+  alignas(64) float lanes[16], flags[16];
+  store(lanes, m);
+  store(flags, finite);
+  float best = -3.4028235e38f;
+  for (int k = 0; k < 16; ++k) {
+    if (flags[k] != 0.0f) return argmax_exact(x, n);
+    if (lanes[k] > best) best = lanes[k];
+  }
+  for (int64_t i = body; i < n; ++i) {
+    if (!std::isfinite(x[i])) return argmax_exact(x, n);
+    if (x[i] > best) best = x[i];
+  }
+  int64_t first = n;
+  for (int k = 0; k < 16 && body > 0; ++k) {
+    if (lanes[k] != best) continue;
+    for (int64_t i = k; i < body && i < first; i += 16)
+      if (x[i] == best) {
+        first = i;
+        break;
+      }
+  }
+  for (int64_t i = body; i < n && i < first; ++i)
+    if (x[i] == best) {
+      first = i;
+      break;
+    }
+  return first < n ? first : 0;  // first < n always: best is one of the row's values
 }
 
 }  // namespace vs

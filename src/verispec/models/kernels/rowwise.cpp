@@ -27,6 +27,20 @@ at::Tensor rows_mm(at::Tensor x, at::Tensor w) {
   return weight_mm(x, Weight{{w}, {0}});  // one float32 part (quant.cpp)
 }
 
+at::Tensor rows_argmax(at::Tensor x) {
+  TORCH_CHECK(x.dim() == 2 && x.size(1) > 0 && x.scalar_type() == at::kFloat && x.device().is_cpu(),
+              "rows_argmax: x must be float32 [R, V] on the CPU with V > 0, got ", x.sizes());
+  x = x.contiguous();
+  const int64_t R = x.size(0), V = x.size(1);
+  auto out = at::empty({R}, x.options().dtype(at::kLong));
+  const float* p = x.data_ptr<float>();
+  int64_t* o = out.data_ptr<int64_t>();
+  at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) o[r] = vs::argmax(p + r * V, V);
+  });
+  return out;
+}
+
 // out[t, h] = attend(q[t, h]) over keys j = first(t) .. pos(t) of kv head g(h): pos(t) = start + t,
 // first(t) = max(0, pos(t) - window + 1) with a window, else 0; g(h) = h / (H / KVH).
 // A token tree (parents [T] int64, parents[t] in [-1, t), -1: a root): row t is stored at slot

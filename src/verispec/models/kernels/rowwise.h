@@ -86,6 +86,8 @@ at::Tensor weight_mm(at::Tensor x, const Weight& w);
 at::Tensor dequantize(const Weight& w, int64_t in);
 // rows ids of the unpacked matrix, float32 [n, in]
 at::Tensor take_rows(const Weight& w, int64_t in, at::Tensor ids);
+// each row's argmax of x [R, V] float32 (ops.h's argmax: torch.argmax's index) -> int64 [R]
+at::Tensor rows_argmax(at::Tensor x);
 
 // q [T, H, D] at positions start.. over keys, values [KVH, A, D] (one layer of a KVCache) -> [T, H * D];
 // parents [T]: the rows form a token tree (rowwise.cpp)

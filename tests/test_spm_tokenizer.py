@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from verispec.models.gguf_tokenizer import compact_tokenizer_from_gguf, tokenizer_from_gguf
-from verispec.models.spm_tokenizer import SPIECE_SPACE, SpmTokenizer, spm_from_gguf
+from verispec.models.gguf_tokenizer import compact_tokenizer_from_gguf, spm_from_gguf, tokenizer_from_gguf
+from verispec.models.spm_tokenizer import SPIECE_SPACE, SpmTokenizer
 from verispec.models.tokenizer import SPM_FILE, Tokenizer
 
 

@@ -36,6 +36,8 @@ from typing import Any
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from verispec.errors import UnsupportedModelError
+from verispec.models.spm_tokenizer import (CONTROL, NORMAL, SPIECE_SPACE, UNKNOWN, USER_DEFINED, SpmTokenizer,
+                                           gemma_spelling)
 
 logger = logging.getLogger(__name__)
 
@@ -43,16 +45,12 @@ __all__ = [
     "GGUFTokenizerInfo",
     "tokenizer_from_gguf",
     "compact_tokenizer_from_gguf",
+    "spm_from_gguf",
     "tokenizer_info",
     "SUPPORTED_TOKENIZER_MODELS",
 ]
 
 SUPPORTED_TOKENIZER_MODELS = ("gpt2", "llama")
-
-# gguf.TokenType values, spelled out so importing this module does not need gguf.
-_NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
-
-_SPIECE_SPACE = "\u2581"  # "▁"
 
 # Tokens that end a turn / the text, by their text (llama.cpp's end-of-generation list).
 _END_OF_TURN_TEXTS = (
@@ -256,11 +254,11 @@ def _byte_level_tokenizer(
 
     added: list[AddedToken] = []
     for token, ttype in zip(tokens, token_types):
-        if ttype == _CONTROL:
+        if ttype == CONTROL:
             # A control token outside the byte alphabet is a converter mislabel (transformers skips it too).
             if alphabet.issuperset(token):
                 added.append(AddedToken(token, special=True, normalized=False))
-        elif ttype == _USER_DEFINED and token in vocab:
+        elif ttype == USER_DEFINED and token in vocab:
             added.append(AddedToken(token, special=False, normalized=False))
     return tok, added, spelled, spec.add_bos
 
@@ -302,9 +300,7 @@ def _spm_tokenizer(
 
     spelled = tokens
     if gemma:
-        # Gemma stores its whitespace-only pieces ("  ", "   ", ...) with real spaces while the
-        # text is looked up with "▁"; respell them so the derived merges reach them.
-        spelled = [_SPIECE_SPACE * len(t) if " " in t and not t.strip() else t for t in tokens]
+        spelled = [gemma_spelling(t) for t in tokens]
     vocab = {t: i for i, t in enumerate(spelled)}
 
     raw_merges = meta.get("tokenizer.ggml.merges")
@@ -329,23 +325,23 @@ def _spm_tokenizer(
     # llama.cpp defaults add_space_prefix to true for SentencePiece vocabularies.
     add_space_prefix = meta.get("tokenizer.ggml.add_space_prefix")
     add_space_prefix = True if add_space_prefix is None else bool(add_space_prefix)
-    decode_steps = [decoders.Replace(_SPIECE_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    decode_steps = [decoders.Replace(SPIECE_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
     if add_space_prefix:
         # "▁" before the start of the text only, as transformers' LlamaTokenizer (legacy=False);
         # llama.cpp also prefixes the text right after each special token. (Gemma: no prefix.)
         tok.normalizer = None
-        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=_SPIECE_SPACE, prepend_scheme="first", split=False)
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPIECE_SPACE, prepend_scheme="first", split=False)
         decode_steps.append(decoders.Strip(content=" ", left=1, right=0))
     else:
-        tok.normalizer = normalizers.Replace(" ", _SPIECE_SPACE)
+        tok.normalizer = normalizers.Replace(" ", SPIECE_SPACE)
         tok.pre_tokenizer = None
     tok.decoder = decoders.Sequence(decode_steps)
 
     added: list[AddedToken] = []
     for token, ttype in zip(tokens, token_types):
-        if ttype in (_CONTROL, _UNKNOWN):
+        if ttype in (CONTROL, UNKNOWN):
             added.append(AddedToken(token, special=True, normalized=False))
-        elif ttype == _USER_DEFINED and token in vocab:
+        elif ttype == USER_DEFINED and token in vocab:
             # Whitespace pieces respelled above are no longer in the vocabulary under their raw
             # spelling and are left to the merges (as transformers does).
             added.append(AddedToken(token, special=False, normalized=False))
@@ -399,7 +395,7 @@ def _check_metadata(meta: Mapping[str, Any]) -> tuple[str, list[str], list[int]]
     n = len(tokens)
     token_types = meta.get("tokenizer.ggml.token_type")
     if token_types is None:
-        token_types = [_NORMAL] * n
+        token_types = [NORMAL] * n
     elif len(token_types) != n:
         raise UnsupportedModelError(f"GGUF tokenizer has {len(token_types)} token types for {n} tokens")
     scores = meta.get("tokenizer.ggml.scores")
@@ -485,15 +481,42 @@ def tokenizer_from_gguf(meta: Mapping[str, Any]) -> tuple[Tokenizer, GGUFTokeniz
     return tok, info
 
 
-def compact_tokenizer_from_gguf(meta: Mapping[str, Any]):
-    """(tokenizer, info) with the compact SentencePiece tokenizer (`spm_tokenizer`) where it gives
+def spm_from_gguf(meta: Mapping[str, Any]) -> SpmTokenizer | None:
+    """The compact tokenizer (`spm_tokenizer`) for a GGUF "llama" vocabulary, or None where it
+    would not give this module's pipeline's ids (a byte-level vocabulary, explicit merges in the
+    file, an added token whose text is not in the vocabulary): the caller then builds the pipeline.
+    Raises UnsupportedModelError as `tokenizer_from_gguf` does."""
+    model_type, tokens, token_types = _check_metadata(meta)
+    if model_type != "llama" or meta.get("tokenizer.ggml.merges") is not None:
+        return None
+    n = len(tokens)
+    add_space_prefix = meta.get("tokenizer.ggml.add_space_prefix")
+    add_bos = meta.get("tokenizer.ggml.add_bos_token")  # SentencePiece's default: BOS (_spm_tokenizer)
+    try:
+        return SpmTokenizer(
+            tokens,
+            token_types,
+            meta.get("tokenizer.ggml.scores"),
+            gemma=str(meta.get("general.architecture") or "").startswith("gemma"),
+            add_space_prefix=True if add_space_prefix is None else bool(add_space_prefix),
+            unk_id=_token_id(meta, "tokenizer.ggml.unknown_token_id", n),
+            pad=_token_id(meta, "tokenizer.ggml.padding_token_id", n),
+            bos=_token_id(meta, "tokenizer.ggml.bos_token_id", n),
+            eos=_token_id(meta, "tokenizer.ggml.eos_token_id", n),
+            add_bos=True if add_bos is None else bool(add_bos),
+            add_eos=bool(meta.get("tokenizer.ggml.add_eos_token") or False),
+        )
+    except ValueError as e:
+        logger.info("GGUF SentencePiece vocabulary kept as a tokenizers pipeline: %s", e)
+        return None
+
+
+def compact_tokenizer_from_gguf(meta: Mapping[str, Any]) -> tuple[Tokenizer | SpmTokenizer, GGUFTokenizerInfo]:
+    """(tokenizer, info) with the compact SentencePiece tokenizer (`spm_from_gguf`) where it gives
     the same ids as `tokenizer_from_gguf`'s pipeline (a "llama" vocabulary without merges: Gemma,
     Llama 2, ...), else that pipeline. The compact one holds no merges and derives none, so it
     takes less than half the memory and builds faster (docs/design/quant.md)."""
-    from verispec.models.spm_tokenizer import spm_from_gguf
-
-    _check_metadata(meta)
     compact = spm_from_gguf(meta)
     if compact is None:
         return tokenizer_from_gguf(meta)
-    return compact, tokenizer_info(meta, compact.vocab, True)
+    return compact, tokenizer_info(meta, compact.vocab, compact.add_bos)

@@ -214,12 +214,10 @@ def load_gguf_blocks(path: Path) -> LoadedModel:
     config, tokenizer, table, arch = gguf_meta(path)
     mapped = np.memmap(path, dtype=np.uint8, mode="c")  # copy-on-write: writable views, the file untouched
     tensors = dict(table)
-    tensors_read: dict[str, tuple[int, int]] = {}
 
     def rows_of(name: str) -> tuple[np.ndarray, int, int]:
         """A tensor's rows as stored (uint8 blocks, or float32 for F32), its type and row width."""
         type_, shape, offset, nbytes = tensors.pop(name)
-        tensors_read[name] = (offset, nbytes)
         n_rows = int(np.prod(shape[1:])) if len(shape) > 1 else 1
         raw = mapped[offset : offset + nbytes].reshape(n_rows, -1)
         return (raw.view(np.float32) if type_ == 0 else raw), type_, int(shape[0])
@@ -240,7 +238,8 @@ def load_gguf_blocks(path: Path) -> LoadedModel:
             n_head = heads[i] if i < len(heads) else None
             if n_head:  # llama.cpp's q/k row order -> ours: a permutation of whole rows of blocks
                 data = np.ascontiguousarray(_reverse_permute(data, n_head))
-                _forget_pages(mapped, *tensors_read[name])
+                _, _, offset, nbytes = table[name]
+                _forget_pages(mapped, offset, nbytes)
             parts.append(torch.from_numpy(data))
             types.append(type_)
         return QuantTensor(parts, types, width)

@@ -26,19 +26,22 @@ from __future__ import annotations
 
 import heapq
 import json
-import logging
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-logger = logging.getLogger(__name__)
-
 SPIECE_SPACE = "\u2581"  # "▁"
 
-# gguf.TokenType values (as in gguf_tokenizer)
-_NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
+# gguf.TokenType values, spelled out so neither this module nor gguf_tokenizer needs gguf
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED = 1, 2, 3, 4
+
+
+def gemma_spelling(token: str) -> str:
+    """Gemma writes its whitespace-only pieces ("  ", "   ", ...) with real spaces while the text
+    is looked up with "▁": such a piece respelled so merges can reach it; any other as it is."""
+    return SPIECE_SPACE * len(token) if " " in token and not token.strip() else token
 
 FORMAT = "verispec-spm-1"
 
@@ -73,14 +76,10 @@ class SpmTokenizer:
         if len(token_types) != n or (scores is not None and len(scores) != n):
             raise ValueError("tokens, token types and scores differ in length")
         self.gemma, self.add_space_prefix = gemma, add_space_prefix
-        # Gemma writes its whitespace-only pieces with real spaces; the text is looked up with "▁"
-        # (gguf_tokenizer._spm_tokenizer does the same). The originals are kept for `metadata`.
-        self.respelled = {
-            i: t for i, t in enumerate(tokens) if gemma and " " in t and not t.strip()
-        }
-        pieces = list(tokens)
-        for i, t in self.respelled.items():
-            pieces[i] = SPIECE_SPACE * len(t)
+        # Gemma's whitespace pieces respelled, as gguf_tokenizer's pipeline does; the originals are
+        # kept for `metadata`
+        pieces = [gemma_spelling(t) for t in tokens] if gemma else list(tokens)
+        self.respelled = {i: t for i, (t, p) in enumerate(zip(tokens, pieces)) if p != t}
         self.pieces = pieces
         self.vocab: dict[str, int] = {t: i for i, t in enumerate(pieces)}  # a repeated piece: its last id
         self.types = array("b", token_types)
@@ -109,9 +108,9 @@ class SpmTokenizer:
         special: dict[str, int] = {}
         plain: dict[str, int] = {}
         for i, (t, ty) in enumerate(zip(tokens, token_types)):
-            if ty in (_CONTROL, _UNKNOWN):
+            if ty in (CONTROL, UNKNOWN):
                 special.setdefault(t, i)
-            elif ty == _USER_DEFINED and t in self.vocab:
+            elif ty == USER_DEFINED and t in self.vocab:
                 plain.setdefault(t, i)
         for i in (bos, eos, unk_id, pad):  # special whatever their type, as in gguf_tokenizer
             if i is not None:
@@ -312,13 +311,10 @@ class SpmTokenizer:
     def metadata(self) -> dict[str, Any]:
         """The GGUF tokenizer metadata this tokenizer was built from (enough to rebuild it, or
         the `tokenizers` pipeline)."""
-        tokens = list(self.pieces)
-        for i, t in self.respelled.items():
-            tokens[i] = t
         meta: dict[str, Any] = {
             "general.architecture": "gemma3" if self.gemma else "llama",
             "tokenizer.ggml.model": "llama",
-            "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.tokens": self._tokens(),
             "tokenizer.ggml.token_type": list(self.types),
             "tokenizer.ggml.add_space_prefix": self.add_space_prefix,
             "tokenizer.ggml.add_bos_token": self.add_bos,
@@ -331,10 +327,14 @@ class SpmTokenizer:
                 meta[f"tokenizer.ggml.{key}_token_id"] = value
         return meta
 
+    def _tokens(self) -> list[str]:
+        """The vocabulary as the file wrote it (Gemma's whitespace pieces with their spaces)."""
+        return [self.respelled.get(i, t) for i, t in enumerate(self.pieces)]
+
     def save(self, path: Path) -> None:
         state = {
             "format": FORMAT,
-            "tokens": [self.respelled.get(i, t) for i, t in enumerate(self.pieces)],
+            "tokens": self._tokens(),
             "token_types": list(self.types),
             "scores": None if self.scores is None else list(self.scores),
             "gemma": self.gemma,
@@ -366,37 +366,3 @@ def _bytes_text(data: bytearray) -> str:
     except UnicodeDecodeError:
         return "\ufffd" * len(data)
 
-
-def spm_from_gguf(meta: Mapping[str, Any]) -> SpmTokenizer | None:
-    """The compact tokenizer for a GGUF "llama" vocabulary, or None where it would not give the
-    `tokenizers` pipeline's ids (explicit merges in the file, an added token whose text is not in
-    the vocabulary): the caller then builds that pipeline instead."""
-    if str(meta.get("tokenizer.ggml.model")) != "llama" or meta.get("tokenizer.ggml.merges") is not None:
-        return None
-    tokens = meta["tokenizer.ggml.tokens"]
-    n = len(tokens)
-    types = meta.get("tokenizer.ggml.token_type") or [_NORMAL] * n
-    arch = str(meta.get("general.architecture") or "")
-    add_space_prefix = meta.get("tokenizer.ggml.add_space_prefix")
-
-    def token_id(key: str) -> int | None:
-        v = meta.get(key)
-        return int(v) if v is not None and 0 <= int(v) < n else None
-
-    try:
-        return SpmTokenizer(
-            tokens,
-            types,
-            meta.get("tokenizer.ggml.scores"),
-            gemma=arch.startswith("gemma"),
-            add_space_prefix=True if add_space_prefix is None else bool(add_space_prefix),
-            unk_id=token_id("tokenizer.ggml.unknown_token_id"),
-            pad=token_id("tokenizer.ggml.padding_token_id"),
-            bos=token_id("tokenizer.ggml.bos_token_id"),
-            eos=token_id("tokenizer.ggml.eos_token_id"),
-            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", True)),
-            add_eos=bool(meta.get("tokenizer.ggml.add_eos_token") or False),
-        )
-    except ValueError as e:
-        logger.info("GGUF SentencePiece vocabulary kept as a tokenizers pipeline: %s", e)
-        return None

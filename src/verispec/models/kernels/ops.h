@@ -310,8 +310,9 @@ inline int64_t argmax_exact(const float* x, int64_t n) {
 // torch's comparison, so the first of them wins), looked for only in the lanes whose largest
 // value it is (lane k holds x[k], x[k + 16], ...), then in the tail
 inline int64_t argmax(const float* x, int64_t n) {
+  constexpr float lowest = -3.4028235e38f;  // the most negative finite float
   const int64_t body = n / 16 * 16;
-  V m = set1(-3.4028235e38f), finite = zero();
+  V m = set1(lowest), finite = zero();
   for (int64_t i = 0; i < body; i += 16) {
     const V v = load(x + i);
     m = max(v, m);
@@ -320,7 +321,7 @@ inline int64_t argmax(const float* x, int64_t n) {
   alignas(64) float lanes[16], flags[16];
   store(lanes, m);
   store(flags, finite);
-  float best = -3.4028235e38f;
+  float best = lowest;
   for (int k = 0; k < 16; ++k) {
     if (flags[k] != 0.0f) return argmax_exact(x, n);
     if (lanes[k] > best) best = lanes[k];

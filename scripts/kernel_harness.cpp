@@ -1,16 +1,18 @@
-// Torch-free check of the kernel arithmetic (models/kernels/ops.h, quant.h, quant8.h) for one variant: runs
+// Torch-free check of the kernel arithmetic (models/kernels/ops.h, quant.h, quant8.h, tile8.h) for one variant: runs
 // dot, products, attention, rmsnorm, both activations, and the unpacking of and products over every
 // GGUF block format (exact float32, and with int8 activations where quant8.h defines them) on fixed
 // pseudo-random inputs and prints
 // every result's bits, so that builds of different variants (including NEON under qemu) can be
 // compared with `cmp`. Built and run by scripts/check_variants_cross.sh.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "ops.h"
 #include "quant.h"
 #include "quant8.h"
+#include "tile8.h"
 
 static unsigned state = 12345u;
 static float next() {  // uniform-ish in [-2, 2), exact in float
@@ -63,23 +65,39 @@ static void check_format(const std::vector<float>& x, int R) {
   for (int o = 0; o + 2 <= outs; o += 2) vs::products_q<T, 3, 2>(x.data(), w.data(), rb, y.data(), in, outs, o);
   vs::products_q<T, 3, 1>(x.data(), w.data(), rb, y.data(), in, outs, outs - 1);
   out(y.data(), 3 * outs);
-  if constexpr (vs::Int8<T>::kDefined) {  // int8 activations: whole rows, and (32-weight formats) 3 blocks, an odd count
+  if constexpr (vs::Int8<T>::kDefined || vs::Tile<T>::kDefined) {  // int8 activations: whole rows, and (32-weight formats) 3 blocks, an odd count
     const int sizes[2] = {in, 96};
     for (int which = 0; which < (E == 32 ? 2 : 1); ++which) {
       const int n = sizes[which];
       const int64_t n64 = vs::padded64(n), rbn = n / E * B;
       std::vector<int8_t> q(R * n64);
       std::vector<float> dx(R * n64 / 4), sx(R * n64 / 4);
-      std::vector<int32_t> s(R * n64 / 4);
-      const vs::XQ xq{q.data(), dx.data(), sx.data(), s.data(), n64};
+      std::vector<int32_t> s(R * n64 / 4), sb(R * n64 / 32);
+      std::vector<float> sxb(R * n64 / 32);
+      const vs::XQ xq{q.data(), dx.data(), sx.data(), s.data(), n64, sb.data(), sxb.data()};
       std::vector<float> xn(R * n);
       for (int r = 0; r < R; ++r) std::memcpy(xn.data() + r * n, x.data() + r * in, n * sizeof(float));
       vs::quantize_rows(xn.data(), R, n, xq);
       std::vector<uint8_t> wn(outs * rbn);
       for (int o = 0; o < outs; ++o) std::memcpy(wn.data() + o * rbn, w.data() + o * rb, rbn);
-      for (int o = 0; o + 2 <= outs; o += 2) vs::products_i8<T, 3, 2>(xq, wn.data(), rbn, y.data(), n, outs, o);
-      vs::products_i8<T, 3, 1>(xq, wn.data(), rbn, y.data(), n, outs, outs - 1);
-      out(y.data(), 3 * outs);
+      if constexpr (vs::Tile<T>::kDefined) {  // per block (tile8.h): 32 rows (the outputs repeated) as rows and as 2 tiles
+        const int rows = 2 * vs::kTileRows;
+        std::vector<uint8_t> w32(rows * rbn), tiles(rows * rbn);
+        for (int o = 0; o < rows; ++o) std::memcpy(w32.data() + o * rbn, wn.data() + (o % outs) * rbn, rbn);
+        for (int t = 0; t < 2; ++t) vs::tile_rows<T>(w32.data() + t * vs::kTileRows * rbn, rbn, n / 32, tiles.data() + t * (n / 32) * vs::Tile<T>::kTile);
+        std::vector<float> y1(3 * rows), y2(3 * rows);
+        vs::block_range<T, 3>(xq, w32.data(), y1.data(), n, rows, 0, rows);
+        vs::tile_range<T, 3>(xq, tiles.data(), y2.data(), n, rows, 0, 2);
+        if (std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float)) != 0) {
+          std::fprintf(stderr, "tiles differ from rows (format %d)\n", T);
+          std::exit(1);
+        }
+        out(y2.data(), 3 * rows);
+      } else {
+        for (int o = 0; o + 2 <= outs; o += 2) vs::products_i8<T, 3, 2>(xq, wn.data(), rbn, y.data(), n, outs, o);
+        vs::products_i8<T, 3, 1>(xq, wn.data(), rbn, y.data(), n, outs, outs - 1);
+        out(y.data(), 3 * outs);
+      }
     }
   }
 }

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from verispec.models import rowwise
-from verispec.models.quant import FORMATS, INT8, INT8_FORMATS, QuantTensor
+from verispec.models.quant import FORMATS, INT8, INT8_FORMATS, TILE_FORMATS, QuantTensor
 from verispec.models.synth import SIZES, random_blocks, write
 
 BY_NAME = {name: t for t, (name, _, _) in FORMATS.items()}
@@ -213,3 +213,137 @@ def test_int8_rows_with_non_finite_values_give_the_same_bits_on_every_variant():
     assert torch.isfinite(outs[0][2]).all() and torch.isfinite(outs[0][3]).all()
     for r in (0, 1, 4):
         assert torch.isnan(outs[0][r]).all(), f"row {r}: a non-finite activation must show in every product"
+
+
+# Q4_0 / Q4_1 / Q8_0: per-block float work (kernels/tile8.h), over the file's rows or over tiles of 16
+
+TILE_NAMES = sorted(FORMATS[t][0] for t in TILE_FORMATS)
+
+
+def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """float32 fused multiply-add: a * b is exact in float64 (two 24-bit significands), then the
+    sum rounded to float64 and to float32 (a double rounding that differs from one rounding only on
+    rare exact ties; these fixed seeds have none, or the bit comparison below would say so)."""
+    return (a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)).astype(np.float32)
+
+
+def _blockwise_reference(raw: np.ndarray, fmt: str, x: torch.Tensor) -> np.ndarray:
+    """tile8.h's arithmetic in numpy, bit for bit: x quantised per 32 values (d = a / 127,
+    q = round-half-even(x * (127 / a)), S = sum q); per block in order acc = fma(float(i), ws * d,
+    acc), then (Q4_1) acc = fma(wm, d * float(S), acc), i = sum of w * q in integers."""
+    rows, cols = raw.shape[0], x.shape[1]
+    nb, nbytes = cols // 32, FORMATS[BY_NAME[fmt]][2]
+    blk = raw.reshape(rows, nb, nbytes)
+    ws = blk[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # [rows, nb]
+    wm = blk[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if fmt == "Q4_1" else None
+    if fmt == "Q8_0":
+        w = blk[:, :, 2:].view(np.int8).astype(np.int64)
+    else:
+        qs = blk[:, :, 4 if fmt == "Q4_1" else 2:].astype(np.int64)
+        w = np.concatenate([qs & 15, qs >> 4], axis=2) - (8 if fmt == "Q4_0" else 0)  # [rows, nb, 32]
+    xb = x.numpy().astype(np.float32).reshape(x.shape[0], nb, 32)
+    a = np.abs(xb).max(axis=2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = np.where(a > 0, a / np.float32(127), 0).astype(np.float32)  # [R, nb]
+        inv = np.where(a > 0, np.float32(127) / a, 0).astype(np.float32)
+    q = np.clip(np.rint((xb * inv[..., None]).astype(np.float32)), -127, 127).astype(np.int64)
+    sxb = (d * q.sum(axis=2).astype(np.float32)).astype(np.float32)
+    acc = np.zeros((x.shape[0], rows), np.float32)
+    for b in range(nb):
+        i = (q[:, b, :] @ w[:, b, :].T).astype(np.float32)  # [R, rows], exact integers
+        acc = _fma32(i, (ws[None, :, b] * d[:, b, None]).astype(np.float32), acc)
+        if wm is not None:
+            acc = _fma32(np.broadcast_to(wm[None, :, b], acc.shape), np.broadcast_to(sxb[:, b, None], acc.shape), acc)
+    return acc
+
+
+def _tiled(raw: np.ndarray, fmt: str, cols: int) -> QuantTensor:
+    q = QuantTensor([torch.from_numpy(raw)], [BY_NAME[fmt]], cols)
+    q.tile_int8()
+    return q
+
+
+@pytest.mark.parametrize("fmt", TILE_NAMES)
+def test_blockwise_products_are_their_arithmetic_bit_for_bit_in_both_layouts(fmt):
+    """The file's rows and the tiles (37 rows: two tiles and 5 rows past them) give tile8.h's
+    arithmetic exactly, on every variant, for any number of rows beside a row."""
+    variants = [rowwise.load_variant(v) for v in rowwise.supported_variants()]
+    for cols in (96, 512):
+        raw, rows_layout = _case(fmt, 37, cols, seed=cols + 1)
+        tiles = _tiled(raw, fmt, cols)
+        assert [p.dim() for p in tiles.parts] == [3, 2] and tiles.parts[0].shape[:2] == (2, cols // 32)
+        x = torch.randn(11, cols, generator=torch.Generator().manual_seed(cols)) * 2
+        x[2, :32] = 0.0
+        x[3, 5] = 40.0
+        want = _blockwise_reference(raw, fmt, x)
+        for k in variants:
+            for q in (rows_layout, tiles):
+                got = k.weight_mm(x, q.arg).numpy()
+                assert np.array_equal(got.view(np.int32), want.view(np.int32)), \
+                    f"{fmt} cols {cols} on {k.variant()}: {np.abs(got - want).max():.3e} from the reference"
+            alone = torch.cat([k.weight_mm(x[r : r + 1], tiles.arg) for r in range(11)])
+            for n in (2, 3, 8, 11):
+                assert torch.equal(k.weight_mm(x[:n], tiles.arg), alone[:n]), f"{fmt}: rows moved with neighbours on {k.variant()}"
+
+
+def test_the_blockwise_reference_sees_scales_applied_per_group():
+    """Negative control: quant8.h's other arithmetic (scales applied per 4 weights, the one these
+    formats had before tile8.h) is close to the reference but not its bits."""
+    raw, q = _case("Q4_1", 16, 256, seed=4)
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(3))
+    want = _blockwise_reference(raw, "Q4_1", x)
+    # the per-group arithmetic of these very weights, computed in numpy: lanes of 4 weights
+    nb = 8
+    blk = raw.reshape(16, nb, 20)
+    ws = blk[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    wm = blk[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    qs = blk[:, :, 4:].astype(np.int64)
+    w = np.concatenate([qs & 15, qs >> 4], axis=2)
+    xb = x.numpy().reshape(3, nb, 32)
+    a = np.abs(xb).max(axis=2)
+    d, inv = (a / np.float32(127)).astype(np.float32), (np.float32(127) / a).astype(np.float32)
+    xq = np.clip(np.rint((xb * inv[..., None]).astype(np.float32)), -127, 127).astype(np.int64)
+    lanes = np.zeros((3, 16, 8), np.float32)
+    for b in range(nb):
+        for g in range(8):
+            i = (xq[:, b, 4 * g : 4 * g + 4] @ w[:, b, 4 * g : 4 * g + 4].T).astype(np.float32)
+            lanes[:, :, g] = _fma32(i, (ws[None, :, b] * d[:, b, None]).astype(np.float32), lanes[:, :, g])
+            s = (d[:, b] * xq[:, b, 4 * g : 4 * g + 4].sum(axis=1).astype(np.float32)).astype(np.float32)
+            lanes[:, :, g] = _fma32(np.broadcast_to(wm[None, :, b], (3, 16)), np.broadcast_to(s[:, None], (3, 16)), lanes[:, :, g])
+    per_lane = lanes.sum(axis=2, dtype=np.float32)
+    assert np.allclose(per_lane, want, rtol=1e-4, atol=1e-5) and not np.array_equal(per_lane, want)
+    assert np.array_equal(rowwise.kernel().weight_mm(x, q.arg).numpy(), want)
+
+
+@pytest.mark.parametrize("fmt", TILE_NAMES)
+def test_tiles_unpack_to_the_file_values(fmt):
+    """A tiled matrix's rows (embedding lookups, prompt processing) are the file's values exactly."""
+    raw, exact = _case(fmt, 40, 96, seed=9)
+    exact.int8 = False
+    tiles = _tiled(raw, fmt, 96)
+    assert torch.equal(tiles.dequantize(), exact.dequantize())
+    ids = torch.tensor([0, 15, 16, 31, 32, 39, 7])
+    assert torch.equal(tiles.take(ids), exact.take(ids))
+    assert tiles.nbytes == exact.nbytes
+
+
+def test_tiles_refuse_what_they_cannot_hold():
+    k = rowwise.kernel()
+    with pytest.raises(RuntimeError, match="has no tiles"):
+        k.tile_weight(torch.zeros(16, 144, dtype=torch.uint8), BY_NAME["Q4_K"])
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        k.tile_weight(torch.zeros(17, 20, dtype=torch.uint8), BY_NAME["Q4_1"])
+    tiles = k.tile_weight(torch.zeros(16, 20, dtype=torch.uint8), BY_NAME["Q4_1"])
+    with pytest.raises(RuntimeError, match="tiled part"):  # tiles without the int8 flag
+        k.weight_mm(torch.zeros(1, 32), ([tiles], [BY_NAME["Q4_1"]]))
+    with pytest.raises(RuntimeError, match="tiled part over 64 columns"):
+        k.weight_mm(torch.zeros(1, 64), ([tiles], [BY_NAME["Q4_1"] + INT8]))
+
+
+def test_int8_load_tiles_the_bundled_model():
+    """gguf-int8 loads SmolLM2's Q4_1 and Q8_0 matrices as tiles (all their rows are whole 16s)."""
+    from verispec.models.registry import load_model
+
+    loaded = load_model("smollm2-135m", blocks=True, int8=True)
+    quant = [w for w in loaded.weights.values() if isinstance(w, QuantTensor)]
+    assert quant and all(w.int8 and all(p.dim() == 3 for p in w.parts) for w in quant)

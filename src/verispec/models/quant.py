@@ -33,6 +33,8 @@ FORMATS: dict[int, tuple[str, int, int]] = {
 F32, F16, BF16 = 0, 1, 30  # the unquantised formats' numbers
 INT8 = 256  # added to a part's type in the kernels' Weight: products with int8 activations (kernels/quant8.h)
 INT8_FORMATS = frozenset({2, 3, 6, 7, 8, 12, 13, 14})  # the block formats quant8.h multiplies that way (Int8<T>::kDefined; a test keeps them in step)
+TILE_FORMATS = frozenset({2, 3, 8})  # of those, the ones with per-block float work and tiles of 16 rows (kernels/tile8.h)
+TILE_ROWS = 16
 
 
 def row_bytes(type_: int, in_features: int) -> int:
@@ -89,6 +91,29 @@ class QuantTensor:
     def is_contiguous(self) -> bool:
         return True
 
+    def tile_int8(self) -> None:
+        """Switch to int8 activations and lay the Q4_0 / Q4_1 / Q8_0 parts out as tiles of 16 rows
+        (kernels/tile8.h: the same results as the file's rows, several times less float work a
+        row). A part's last rows past a whole 16 stay a part of their own, as stored."""
+        k = _kernel()
+        if k is None:
+            raise UnsupportedModelError("int8 activations need the row-wise kernels")
+        parts, types = [], []
+        for p, t in zip(self.parts, self.types):
+            whole = p.shape[0] // TILE_ROWS * TILE_ROWS if t in TILE_FORMATS and p.dim() == 2 else 0
+            if whole:
+                parts.append(k.tile_weight(p[:whole], t))
+                types.append(t)
+            if whole < p.shape[0]:
+                parts.append(p[whole:])
+                types.append(t)
+        self.parts, self.types, self.int8 = parts, types, True
+
+    @property
+    def tiled(self) -> bool:
+        """Every block part is int8 tiles (tile_int8): prompts take the kernel's products too."""
+        return self.int8 and all(t in TILE_FORMATS for t in self.types)
+
     def dequantize(self) -> torch.Tensor:
         """The float32 matrix [out, in], each value exactly gguf-py's dequantisation."""
         k = _kernel()
@@ -126,10 +151,10 @@ def _numpy_dequantize(part: torch.Tensor, type_: int, in_features: int) -> torch
 
 
 def use_int8(weights: dict) -> None:
-    """Switch every QuantTensor among `weights` to int8 activations."""
+    """Switch every QuantTensor among `weights` to int8 activations (tiles where tile8.h has them)."""
     for w in weights.values():
-        if isinstance(w, QuantTensor):
-            w.int8 = True
+        if isinstance(w, QuantTensor) and not w.int8:
+            w.tile_int8()
 
 
 def weight_bytes(w) -> int:

@@ -54,12 +54,13 @@ def resolve(name: str) -> Path:
     )
 
 
-def load_model(name: str, blocks: bool = False) -> LoadedModel:
+def load_model(name: str, blocks: bool = False, int8: bool = False) -> LoadedModel:
     """The model's config, weights and tokenizer. blocks: a GGUF file's matrices stay its blocks
-    (QuantTensor, memory-mapped); otherwise float32 (a GGUF dequantised once, cached)."""
+    (QuantTensor, memory-mapped), with int8 laid out for int8 activations (load_gguf_blocks);
+    otherwise float32 (a GGUF dequantised once, cached)."""
     path = resolve(name)
     if path.is_dir():
         return load_hf_folder(path)
     if path.suffix.lower() != ".gguf":
         raise ModelNotFoundError(f"{path} is neither a .gguf file nor a Hugging Face folder")
-    return load_gguf_blocks(path) if blocks else load_gguf(path)
+    return load_gguf_blocks(path, int8=int8) if blocks else load_gguf(path)

@@ -44,7 +44,7 @@ log = logging.getLogger("verispec")
 
 KERNELS = Path(__file__).with_name("kernels")
 SOURCES = [KERNELS / "quant.cpp", KERNELS / "rowwise.cpp", KERNELS / "layer.cpp", KERNELS / "module.cpp"]  # longest first
-HEADERS = [KERNELS / "rowwise.h", KERNELS / "ops.h", KERNELS / "vec.h", KERNELS / "quant.h", KERNELS / "int8.h", KERNELS / "quant8.h"]
+HEADERS = [KERNELS / "rowwise.h", KERNELS / "ops.h", KERNELS / "vec.h", KERNELS / "quant.h", KERNELS / "int8.h", KERNELS / "quant8.h", KERNELS / "tile8.h"]
 # no -march=native: a variant's library runs on any CPU with its instruction set, and no
 # -ffast-math; -ffp-contract=off: no fused multiply-add but the written ones
 COMMON_FLAGS = ["-fopenmp", "-ffp-contract=off", "-fno-fast-math"]

@@ -37,7 +37,7 @@ def build(config: RunnerConfig) -> TorchRunner:
     if auto:  # the file's blocks wherever the kernels can multiply by them
         fmt = "gguf" if gguf and dtype == torch.float32 and rowwise.kernel() is not None else "float32"
     try:
-        loaded = load_model(config.model, blocks=fmt in BLOCKS)
+        loaded = load_model(config.model, blocks=fmt in BLOCKS, int8=fmt == "gguf-int8")
     except UnsupportedWeightFormatError as e:
         if not auto:
             raise

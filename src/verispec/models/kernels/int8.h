@@ -28,8 +28,10 @@ inline Q64 q64_halves(const uint8_t* a, const uint8_t* b) {  // bytes 0-31 from 
                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), 1)};
 }
 #if defined(__AVX512VNNI__)  // built with VNNI where the CPU has it (rowwise.py): one instruction, the same integers
+constexpr bool kVnni = true;
 inline __m512i dot4u_(__m512i u, __m512i x) { return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, x); }
 #else
+constexpr bool kVnni = false;
 inline __m512i dot4u_(__m512i u, __m512i x) { return _mm512_madd_epi16(_mm512_maddubs_epi16(u, x), _mm512_set1_epi16(1)); }
 #endif
 inline I16 dot4u(Q64 u, const int8_t* x) { return {dot4u_(u.v, _mm512_loadu_si512(x))}; }
@@ -97,6 +99,29 @@ inline Q64 q6(const uint8_t* l, const uint8_t* h, int nshift, int hs0, int hs1) 
   return {_mm512_or_si512(lo, _mm512_slli_epi16(hb, 4))};
 }
 
+// tiles (tile8.h): 16 outputs in the 16 lanes, x's 4 bytes broadcast to every lane
+constexpr bool kDotUnsigned = kVnni;  // a signed weight's dot product as (w + 128) * x - 128 * sum(x): one instruction
+inline Q64 q64_load(const uint8_t* p) { return {_mm512_loadu_si512(p)}; }
+inline void nib64(const uint8_t* p, Q64& lo, Q64& hi) {  // lo = p & 15, hi = p >> 4, 64 bytes
+  const __m512i v = _mm512_loadu_si512(p), m = _mm512_set1_epi8(0x0F);
+  lo = {_mm512_and_si512(v, m)};
+  hi = {_mm512_and_si512(_mm512_srli_epi16(v, 4), m)};
+}
+inline Q64 flip_sign(Q64 w) { return {_mm512_xor_si512(w.v, _mm512_set1_epi8(static_cast<char>(0x80)))}; }  // int8 w -> w + 128
+inline I16 i16_zero() { return {_mm512_setzero_si512()}; }
+inline I16 add(I16 a, I16 b) { return {_mm512_add_epi32(a.v, b.v)}; }
+inline I16 sub_all(I16 a, int32_t b) { return {_mm512_sub_epi32(a.v, _mm512_set1_epi32(b))}; }
+#if defined(__AVX512VNNI__)
+inline I16 dot4u_acc(I16 a, Q64 u, int32_t x) { return {_mm512_dpbusd_epi32(a.v, u.v, _mm512_set1_epi32(x))}; }
+#else
+inline I16 dot4u_acc(I16 a, Q64 u, int32_t x) { return {_mm512_add_epi32(a.v, dot4u_(u.v, _mm512_set1_epi32(x)))}; }
+#endif
+inline I16 dot4s_acc(I16 a, Q64 w, int32_t x) {
+  const __m512i xv = _mm512_set1_epi32(x);
+  return add(a, {dot4u_(_mm512_abs_epi8(w.v), _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(w.v), _mm512_setzero_si512(), xv))});
+}
+inline V half16(const uint8_t* p) { return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))}; }
+
 #elif defined(VERISPEC_AVX2)
 struct Q64 { __m256i lo, hi; };
 struct I16 { __m256i lo, hi; };
@@ -154,6 +179,36 @@ inline Q64 q6(const uint8_t* l, const uint8_t* h, int nshift, int hs0, int hs1) 
   const __m256i h1 = _mm256_and_si256(_mm256_srl_epi16(hv, _mm_cvtsi32_si128(hs1)), m2);
   return {_mm256_or_si256(_mm256_and_si256(_mm256_srl_epi16(ld32(l), ns), m4), _mm256_slli_epi16(h0, 4)),
           _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi16(ld32(l + 32), ns), m4), _mm256_slli_epi16(h1, 4))};
+}
+
+constexpr bool kDotUnsigned = false;
+inline Q64 q64_load(const uint8_t* p) { return {ld32(p), ld32(p + 32)}; }
+inline void nib64(const uint8_t* p, Q64& lo, Q64& hi) {
+  const __m256i a = ld32(p), b = ld32(p + 32), m = _mm256_set1_epi8(0x0F);
+  lo = {_mm256_and_si256(a, m), _mm256_and_si256(b, m)};
+  hi = {_mm256_and_si256(_mm256_srli_epi16(a, 4), m), _mm256_and_si256(_mm256_srli_epi16(b, 4), m)};
+}
+inline Q64 flip_sign(Q64 w) {
+  const __m256i f = _mm256_set1_epi8(static_cast<char>(0x80));
+  return {_mm256_xor_si256(w.lo, f), _mm256_xor_si256(w.hi, f)};
+}
+inline I16 i16_zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+inline I16 add(I16 a, I16 b) { return {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)}; }
+inline I16 sub_all(I16 a, int32_t b) {
+  const __m256i v = _mm256_set1_epi32(b);
+  return {_mm256_sub_epi32(a.lo, v), _mm256_sub_epi32(a.hi, v)};
+}
+inline I16 dot4u_acc(I16 a, Q64 u, int32_t x) {
+  const __m256i xv = _mm256_set1_epi32(x);
+  return {_mm256_add_epi32(a.lo, dot4u8(u.lo, xv)), _mm256_add_epi32(a.hi, dot4u8(u.hi, xv))};
+}
+inline I16 dot4s_acc(I16 a, Q64 w, int32_t x) {
+  const __m256i xv = _mm256_set1_epi32(x);
+  return {_mm256_add_epi32(a.lo, dot4u8(_mm256_abs_epi8(w.lo), _mm256_sign_epi8(xv, w.lo))),
+          _mm256_add_epi32(a.hi, dot4u8(_mm256_abs_epi8(w.hi), _mm256_sign_epi8(xv, w.hi)))};
+}
+inline V half16(const uint8_t* p) {
+  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)))};
 }
 
 #else  // NEON and scalar: plain C++ over the bytes (the reference for the integer lanes)
@@ -223,6 +278,43 @@ inline Q64 q6(const uint8_t* l, const uint8_t* h, int nshift, int hs0, int hs1) 
   Q64 q;
   for (int i = 0; i < 64; ++i) q.b[i] = static_cast<uint8_t>(((l[i] >> nshift) & 15) | (((h[i % 32] >> (i < 32 ? hs0 : hs1)) & 3) << 4));
   return q;
+}
+constexpr bool kDotUnsigned = false;
+inline Q64 q64_load(const uint8_t* p) { Q64 q; std::memcpy(q.b, p, 64); return q; }
+inline void nib64(const uint8_t* p, Q64& lo, Q64& hi) {
+  for (int i = 0; i < 64; ++i) lo.b[i] = p[i] & 15, hi.b[i] = p[i] >> 4;
+}
+inline Q64 flip_sign(Q64 w) {
+  for (int i = 0; i < 64; ++i) w.b[i] ^= 0x80;
+  return w;
+}
+inline I16 i16_zero() { I16 r; std::memset(r.l, 0, sizeof r.l); return r; }
+inline I16 add(I16 a, I16 b) {
+  for (int l = 0; l < 16; ++l) a.l[l] += b.l[l];
+  return a;
+}
+inline I16 sub_all(I16 a, int32_t b) {
+  for (int l = 0; l < 16; ++l) a.l[l] -= b;
+  return a;
+}
+inline I16 dot4u_acc(I16 a, Q64 u, int32_t x) {
+  int8_t xb[4];
+  std::memcpy(xb, &x, 4);
+  for (int l = 0; l < 16; ++l)
+    for (int i = 0; i < 4; ++i) a.l[l] += static_cast<int32_t>(u.b[4 * l + i]) * xb[i];
+  return a;
+}
+inline I16 dot4s_acc(I16 a, Q64 w, int32_t x) {
+  int8_t xb[4];
+  std::memcpy(xb, &x, 4);
+  for (int l = 0; l < 16; ++l)
+    for (int i = 0; i < 4; ++i) a.l[l] += static_cast<int32_t>(static_cast<int8_t>(w.b[4 * l + i])) * xb[i];
+  return a;
+}
+inline V half16(const uint8_t* p) {
+  float t[16];
+  for (int l = 0; l < 16; ++l) t[l] = half_at(p + 2 * l);
+  return load(t);
 }
 #endif
 

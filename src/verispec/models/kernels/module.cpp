@@ -15,6 +15,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("weight_mm", &weight_mm, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("dequantize", &dequantize, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("take_rows", &take_rows, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("tile_weight", &tile_weight, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("rows_argmax", &rows_argmax, pybind11::call_guard<pybind11::gil_scoped_release>());
   // module_local: each variant's library (several can be loaded in one process) registers its own Stack
   pybind11::class_<Stack>(m, "Stack", pybind11::module_local())

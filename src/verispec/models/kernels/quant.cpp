@@ -7,10 +7,12 @@
 // rows_mm (rowwise.cpp): threads take blocks of consecutive outputs of a part; every (output, row)
 // pair is ops.h's dot over the unpacked weights, whatever R, the neighbours or the thread.
 // A part's type with kInt8 added (types[p] + 256) asks for int8 activations (quant8.h): x is
-// quantised once per call, and each (output, row) pair gets quant8.h's arithmetic instead.
+// quantised once per call, and each (output, row) pair gets quant8.h's arithmetic instead, or for
+// Q4_0 / Q4_1 / Q8_0 tile8.h's (over the file's rows, or over tiles of 16 rows: 3-D parts).
 #include "rowwise.h"
 #include "quant.h"
 #include "quant8.h"
+#include "tile8.h"
 
 #include <ATen/Parallel.h>
 
@@ -55,6 +57,15 @@ constexpr RangeFn<X> kRange[9] = {nullptr, part_range<T, 1, Tail, X>, part_range
                                   part_range<T, 4, Tail, X>, part_range<T, 5, Tail, X>, part_range<T, 6, Tail, X>,
                                   part_range<T, 7, Tail, X>, part_range<T, 8, Tail, X>};
 
+template <int T>
+constexpr RangeFn<const vs::XQ&> kBlockRange[9] = {nullptr, vs::block_range<T, 1>, vs::block_range<T, 2>, vs::block_range<T, 3>,
+                                                   vs::block_range<T, 4>, vs::block_range<T, 5>, vs::block_range<T, 6>,
+                                                   vs::block_range<T, 7>, vs::block_range<T, 8>};
+template <int T>
+constexpr RangeFn<const vs::XQ&> kTileRange[9] = {nullptr, vs::tile_range<T, 1>, vs::tile_range<T, 2>, vs::tile_range<T, 3>,
+                                                  vs::tile_range<T, 4>, vs::tile_range<T, 5>, vs::tile_range<T, 6>,
+                                                  vs::tile_range<T, 7>, vs::tile_range<T, 8>};
+
 constexpr int64_t kInt8 = 256;  // added to a part's type: int8 activations
 
 int64_t base_type(int64_t type) { return type >= kInt8 ? type - kInt8 : type; }  // without the int8 flag
@@ -71,9 +82,16 @@ Props props(int64_t type) {
     p.bytes = vs::Format<T>::kBytes;
     for (int R = 1; R <= 8; ++R) p.range[R] = kRange<T, false, const float*>[R], p.tail[R] = kRange<T, true, const float*>[R];
     if constexpr (T != vs::F32) p.unpack = vs::unpack_row<T>;
-    if constexpr (vs::Int8<T>::kDefined)
+    if constexpr (vs::Int8<T>::kDefined)  // scales per group of 4 weights (quant8.h)
       if (int8)
         for (int R = 1; R <= 8; ++R) p.range8[R] = kRange<T, false, const vs::XQ&>[R], p.tail8[R] = kRange<T, true, const vs::XQ&>[R];
+    if constexpr (vs::Tile<T>::kDefined)  // per block (tile8.h): outputs one at a time over the file's rows, or tiles
+      if (int8) {
+        p.blockwise = true;
+        p.tile_bytes = vs::Tile<T>::kTile;
+        p.untile = vs::untile_row<T>;
+        for (int R = 1; R <= 8; ++R) p.range8[R] = p.tail8[R] = kBlockRange<T>[R], p.tiles8[R] = kTileRange<T>[R];
+      }
   });
   TORCH_CHECK(known, "weight format ", type, " is not supported (", kFormats, ", plus ", kInt8, " for int8 activations)");
   TORCH_CHECK(!int8 || p.range8[1] != nullptr, "weight format ", type - kInt8, " has no int8-activation products (quant8.h)");
@@ -83,10 +101,22 @@ Props props(int64_t type) {
 constexpr int kOB[9] = {0, vs::outputs_per_block<1>(), vs::outputs_per_block<2>(), vs::outputs_per_block<3>(), vs::outputs_per_block<4>(),
                         vs::outputs_per_block<5>(), vs::outputs_per_block<6>(), vs::outputs_per_block<7>(), vs::outputs_per_block<8>()};
 
+// a part's rows (a tiled part holds 16 per tile)
+int64_t part_rows(const at::Tensor& t) { return t.dim() == 3 ? t.size(0) * vs::kTileRows : t.size(0); }
+
 // the checked part of a weight over `in` columns, of format `type` (its properties f): its bytes
 const uint8_t* part_data(const at::Tensor& t, int64_t type, const Props& f, int64_t in) {
-  TORCH_CHECK(t.device().is_cpu() && t.dim() == 2 && t.is_contiguous(), "weight parts: contiguous 2-D CPU tensors");
   TORCH_CHECK(in % f.elems == 0, "weight format ", type, ": ", in, " columns are not whole blocks of ", f.elems);
+  if (t.dim() == 3) {  // tiles (tile8.h)
+    TORCH_CHECK(f.tile_bytes > 0, "a tiled part (3-D) must be Q4_0, Q4_1 or Q8_0 with int8 activations (type + ", 256,
+                "), got type ", type);
+    TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == at::kByte && t.size(1) == in / 32 &&
+                    t.size(2) == f.tile_bytes,
+                "a tiled part over ", in, " columns must be contiguous uint8 [tiles, ", in / 32, ", ", f.tile_bytes, "], got ",
+                t.scalar_type(), " ", t.sizes());
+    return t.data_ptr<uint8_t>();
+  }
+  TORCH_CHECK(t.device().is_cpu() && t.dim() == 2 && t.is_contiguous(), "weight parts: contiguous 2-D CPU tensors");
   if (type == vs::F32) {
     TORCH_CHECK(t.scalar_type() == at::kFloat && t.size(1) == in, "a float32 part must be [rows, ", in, "], got ", t.sizes());
     return reinterpret_cast<const uint8_t*>(t.data_ptr<float>());
@@ -101,7 +131,7 @@ const uint8_t* part_data(const at::Tensor& t, int64_t type, const Props& f, int6
 
 int64_t weight_rows(const Weight& w) {
   int64_t n = 0;
-  for (const auto& t : std::get<0>(w)) n += t.size(0);
+  for (const auto& t : std::get<0>(w)) n += part_rows(t);
   return n;
 }
 
@@ -109,7 +139,7 @@ WeightParts::WeightParts(const Weight& w, int64_t in) : keep_(w), in_(in) {
   const auto& [parts, types] = keep_;
   TORCH_CHECK(!parts.empty() && parts.size() == types.size(), "weight_mm: one type per part");
   for (size_t p = 0; p < parts.size(); ++p) {
-    Part part{props(types[p]), nullptr, parts[p].size(0), out_};
+    Part part{props(types[p]), nullptr, part_rows(parts[p]), out_, parts[p].dim() == 3};
     part.data = part_data(parts[p], base_type(types[p]), part.f, in);
     int8_ = int8_ || part.f.range8[1] != nullptr;
     out_ += part.rows;
@@ -120,8 +150,9 @@ WeightParts::WeightParts(const Weight& w, int64_t in) : keep_(w), in_(in) {
 Product::Product(const float* x, int64_t R, const WeightParts& w, float* y) : x_(x), y_(y), R_(R), w_(w), n64_(vs::padded64(w.in_)) {
   if (w.int8_) {  // int8 activations: every row of x quantised once (quant8.h)
     q_.resize(R * n64_), dx_.resize(R * n64_ / 4), sx_.resize(R * n64_ / 4), s_.resize(R * n64_ / 4);
+    sb_.resize(R * n64_ / 32), sxb_.resize(R * n64_ / 32);
     vs::FpMode mode;
-    vs::quantize_rows(x, R, w.in_, vs::XQ{q_.data(), dx_.data(), sx_.data(), s_.data(), n64_});
+    vs::quantize_rows(x, R, w.in_, vs::XQ{q_.data(), dx_.data(), sx_.data(), s_.data(), n64_, sb_.data(), sxb_.data()});
   }
 }
 
@@ -133,26 +164,30 @@ void Product::share(int64_t t, int64_t n) const {
     float* yr = y_ + r0 * out;
     const int64_t g = n64_ / 4;
     const vs::XQ xq{const_cast<int8_t*>(q_.data()) + r0 * n64_, const_cast<float*>(dx_.data()) + r0 * g,
-                    const_cast<float*>(sx_.data()) + r0 * g, const_cast<int32_t*>(s_.data()) + r0 * g, n64_};
+                    const_cast<float*>(sx_.data()) + r0 * g, const_cast<int32_t*>(s_.data()) + r0 * g, n64_,
+                    const_cast<int32_t*>(sb_.data()) + r0 * n64_ / 32, const_cast<float*>(sxb_.data()) + r0 * n64_ / 32};
+    // outputs a block: a tile's 16, one for tile8.h's arithmetic over the file's rows, else ops.h's blocking
+    const auto per_block = [&](const auto& p) -> int64_t { return p.tiled ? vs::kTileRows : p.f.blockwise ? 1 : kOB[rn]; };
     // every part's whole output blocks as one range (a fused q/k/v split once, not three times),
     // at least 8 blocks a thread
     int64_t blocks = 0;
-    for (const auto& p : w_.parts_) blocks += p.rows / kOB[rn];
+    for (const auto& p : w_.parts_) blocks += p.rows / per_block(p);
     const int64_t used = std::clamp<int64_t>(blocks / 8, 1, n);
     if (t >= used) continue;
     const int64_t b0 = blocks * t / used, b1 = blocks * (t + 1) / used;
     int64_t first_block = 0;
     for (const auto& p : w_.parts_) {
-      const int64_t nb = p.rows / kOB[rn], lo = std::max(b0, first_block), hi = std::min(b1, first_block + nb);
+      const int64_t nb = p.rows / per_block(p), lo = std::max(b0, first_block), hi = std::min(b1, first_block + nb);
       if (lo < hi) {
-        if (p.f.range8[rn]) p.f.range8[rn](xq, p.data, yr + p.first_out, in, out, lo - first_block, hi - first_block);
+        if (p.tiled) p.f.tiles8[rn](xq, p.data, yr + p.first_out, in, out, lo - first_block, hi - first_block);
+        else if (p.f.range8[rn]) p.f.range8[rn](xq, p.data, yr + p.first_out, in, out, lo - first_block, hi - first_block);
         else p.f.range[rn](xr, p.data, yr + p.first_out, in, out, lo - first_block, hi - first_block);
       }
       first_block += nb;
     }
     if (t != used - 1) continue;
     for (const auto& p : w_.parts_) {  // the outputs past the whole blocks, one at a time
-      const int64_t done = p.rows / kOB[rn] * kOB[rn];
+      const int64_t done = p.rows / per_block(p) * per_block(p);
       if (done < p.rows && p.f.range8[rn]) p.f.tail8[rn](xq, p.data, yr + p.first_out, in, out, done, p.rows);
       else if (done < p.rows) p.f.tail[rn](xr, p.data, yr + p.first_out, in, out, done, p.rows);
     }
@@ -173,6 +208,28 @@ at::Tensor weight_mm(at::Tensor x, const Weight& w) {
   return y;
 }
 
+// one block part's rows unpacked to float32 (each value exactly gguf-py's dequantisation); a tiled
+// part's row is first put back into the file's bytes (in buf)
+class RowUnpacker {
+ public:
+  RowUnpacker(const at::Tensor& t, int64_t type, int64_t in) : f_(props(type)), in_(in), tiled_(t.dim() == 3) {
+    data_ = part_data(t, base_type(type), f_, in);
+    rb_ = in / f_.elems * f_.bytes;
+  }
+  void operator()(int64_t r, float* out, std::vector<uint8_t>& buf) const {
+    if (!tiled_) return f_.unpack(data_ + r * rb_, out, in_);
+    buf.resize(rb_);
+    f_.untile(data_, r, in_ / 32, buf.data());
+    f_.unpack(buf.data(), out, in_);
+  }
+
+ private:
+  Props f_;
+  int64_t in_, rb_;
+  bool tiled_;
+  const uint8_t* data_;
+};
+
 // the whole stacked matrix as float32 [rows, in]: each value exactly gguf-py's dequantisation
 at::Tensor dequantize(const Weight& w, int64_t in) {
   const auto& [parts, types] = w;
@@ -180,17 +237,14 @@ at::Tensor dequantize(const Weight& w, int64_t in) {
   float* op = out.data_ptr<float>();
   int64_t o0 = 0;
   for (size_t p = 0; p < parts.size(); ++p) {
-    const int64_t type = base_type(types[p]);  // (the arithmetic flag does not matter here)
-    const Props f = props(type);
-    const uint8_t* wp = part_data(parts[p], type, f, in);
-    const int64_t rows = parts[p].size(0);
-    if (type == vs::F32) {
+    const int64_t rows = part_rows(parts[p]);
+    if (types[p] == vs::F32) {
       out.narrow(0, o0, rows).copy_(parts[p]);
     } else {
-      const auto unpack = f.unpack;
-      const int64_t rb = parts[p].size(1);
+      const RowUnpacker unpack(parts[p], types[p], in);
       at::parallel_for(0, rows, 64, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) unpack(wp + r * rb, op + (o0 + r) * in, in);
+        std::vector<uint8_t> buf;
+        for (int64_t r = r0; r < r1; ++r) unpack(r, op + (o0 + r) * in, buf);
       });
     }
     o0 += rows;
@@ -210,16 +264,35 @@ at::Tensor take_rows(const Weight& w, int64_t in, at::Tensor ids) {
     int64_t r = ip[i];
     TORCH_CHECK(r >= 0 && r < total, "take_rows: id ", r, " out of range [0, ", total, ")");
     size_t p = 0;
-    while (r >= parts[p].size(0)) r -= parts[p++].size(0);
-    const int64_t type = base_type(types[p]);  // (the arithmetic flag does not matter here)
-    const Props f = props(type);
-    const uint8_t* wp = part_data(parts[p], type, f, in);
+    while (r >= part_rows(parts[p])) r -= part_rows(parts[p++]);
     float* o = out.data_ptr<float>() + i * in;
-    if (type == vs::F32) {
-      std::memcpy(o, reinterpret_cast<const float*>(wp) + r * in, in * sizeof(float));
+    if (types[p] == vs::F32) {
+      std::memcpy(o, parts[p].data_ptr<float>() + r * in, in * sizeof(float));
     } else {
-      f.unpack(wp + r * parts[p].size(1), o, in);
+      std::vector<uint8_t> buf;
+      RowUnpacker(parts[p], types[p], in)(r, o, buf);
     }
   }
+  return out;
+}
+
+at::Tensor tile_weight(at::Tensor part, int64_t type) {
+  TORCH_CHECK(part.device().is_cpu() && part.dim() == 2 && part.is_contiguous() && part.scalar_type() == at::kByte,
+              "tile_weight: a contiguous uint8 [rows, row bytes] part");
+  at::Tensor out;
+  const bool known = vs::with_tile_format(type, [&](auto t) {
+    constexpr int T = decltype(t)::value;
+    using F = vs::Tile<T>;
+    const int64_t rows = part.size(0), rb = part.size(1), nb = rb / F::kBytes;
+    TORCH_CHECK(rb % F::kBytes == 0 && rows % vs::kTileRows == 0,
+                "tile_weight: rows must be a multiple of ", vs::kTileRows, " and row bytes of ", F::kBytes, ", got ", part.sizes());
+    out = at::empty({rows / vs::kTileRows, nb, F::kTile}, at::dtype(at::kByte));
+    const uint8_t* src = part.data_ptr<uint8_t>();
+    uint8_t* dst = out.data_ptr<uint8_t>();
+    at::parallel_for(0, rows / vs::kTileRows, 16, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) vs::tile_rows<T>(src + t * vs::kTileRows * rb, rb, nb, dst + t * nb * F::kTile);
+    });
+  });
+  TORCH_CHECK(known, "tile_weight: type ", type, " has no tiles (Q4_0, Q4_1 and Q8_0 do)");
   return out;
 }

@@ -1,6 +1,7 @@
 // Products over GGUF blocks with int8 activations (weights_format "gguf-int8"), as llama.cpp
 // computes them: each row of x is quantised in blocks of 32, the weights' integer quants are
-// multiplied by it in integers, and the float scales applied per group of 4 weights.
+// multiplied by it in integers, and the float scales applied per group of 4 weights (Q5_0, Q5_1
+// and the K-quants; Q4_0, Q4_1 and Q8_0 apply them per block instead: tile8.h).
 //
 // The arithmetic, defined once (every variant computes the same bits; no torch here):
 //   x, one block of 32 values:  a = max |x_i|;  d = a / 127;  q_i = round_even(x_i * (127 / a))
@@ -15,7 +16,7 @@
 //   y = vec.h's sum tree over the 16 lanes. A row shorter than a whole 64 (an odd number of
 //   32-blocks) ends with a block of zeros on both sides, which adds +0 to each lane.
 // So a row's result depends on its own x and the weights only: batch invariance holds as in the
-// float32 products. The prompt path (48+ rows) keeps float32 products over the dequantised matrix.
+// float32 products. Prompts (48+ rows) take the same products (models/transformer.py's _project).
 #pragma once
 
 #include <limits>
@@ -25,13 +26,16 @@
 namespace vs {
 
 // x [R, in] quantised for the products: q [R, n], dx / sx [R, n / 4] float, s [R, n / 4] int32,
-// n = in rounded up to 64 (zeros beyond in)
+// n = in rounded up to 64 (zeros beyond in); per 32-value block (tile8.h's products) the sum of
+// its q, sb [R, n / 32] int32, and sxb = d * float(sb) [R, n / 32] float
 struct XQ {
   int8_t* q;
   float* dx;
   float* sx;
   int32_t* s;
   int64_t n;
+  int32_t* sb;
+  float* sxb;
 };
 
 inline int64_t padded64(int64_t in) { return (in + 63) / 64 * 64; }
@@ -61,13 +65,17 @@ inline void quantize_rows(const float* x, int64_t rows, int64_t in, const XQ& xq
       } else {
         std::memset(qb, 0, 32);
       }
+      int32_t sum = 0;
       for (int g = 0; g < 8; ++g) {
         const int64_t at = r * (xq.n / 4) + 8 * b + g;
         const int32_t s = qb[4 * g] + qb[4 * g + 1] + qb[4 * g + 2] + qb[4 * g + 3];
         xq.s[at] = s;
         xq.dx[at] = d;
         xq.sx[at] = d * static_cast<float>(s);
+        sum += s;
       }
+      xq.sb[r * (xq.n / 32) + b] = sum;
+      xq.sxb[r * (xq.n / 32) + b] = d * static_cast<float>(sum);
     }
   }
 }
@@ -99,30 +107,6 @@ inline uint64_t qh_pair(const uint8_t* a, const uint8_t* b) {
 }
 
 template <>
-struct Int8<Q4_0> : Pairs<Q4_0> {  // w = d * (q - 8)
-  static constexpr bool kDefined = true, kMin = false, kSigned = false;
-  static constexpr int kOffsetShift = 3;  // o = 8
-  VS_ALWAYS_INLINE static void step(const uint8_t* row, int64_t s, int64_t nb, Q64& u, V& ws, V&) {
-    const uint8_t *a, *b;
-    blocks(row, s, nb, a, b);
-    u = nib_pair(a + 2, b + 2);
-    ws = pair_h(a, b);
-  }
-};
-
-template <>
-struct Int8<Q4_1> : Pairs<Q4_1> {  // w = d * q + m
-  static constexpr bool kDefined = true, kMin = true, kSigned = false;
-  static constexpr int kOffsetShift = -1;
-  VS_ALWAYS_INLINE static void step(const uint8_t* row, int64_t s, int64_t nb, Q64& u, V& ws, V& wm) {
-    const uint8_t *a, *b;
-    blocks(row, s, nb, a, b);
-    u = nib_pair(a + 4, b + 4);
-    pair_dm(a, b, ws, wm);
-  }
-};
-
-template <>
 struct Int8<Q5_0> : Pairs<Q5_0> {  // w = d * (q - 16)
   static constexpr bool kDefined = true, kMin = false, kSigned = false;
   static constexpr int kOffsetShift = 4;
@@ -143,18 +127,6 @@ struct Int8<Q5_1> : Pairs<Q5_1> {  // w = d * q + m
     blocks(row, s, nb, a, b);
     u = or_bits(nib_pair(a + 8, b + 8), qh_pair(a + 4, b + 4), 16);
     pair_dm(a, b, ws, wm);
-  }
-};
-
-template <>
-struct Int8<Q8_0> : Pairs<Q8_0> {  // w = d * q, q int8
-  static constexpr bool kDefined = true, kMin = false, kSigned = true;
-  static constexpr int kOffsetShift = -1;
-  VS_ALWAYS_INLINE static void step(const uint8_t* row, int64_t s, int64_t nb, Q64& u, V& ws, V&) {
-    const uint8_t *a, *b;
-    blocks(row, s, nb, a, b);
-    u = q64_halves(a + 2, b + 2);
-    ws = pair_h(a, b);
   }
 };
 

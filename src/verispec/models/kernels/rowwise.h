@@ -18,7 +18,8 @@
 at::Tensor rows_mm(at::Tensor x, at::Tensor w);
 
 // A weight matrix stacked from parts (quant.cpp): part p is float32 [rows, in] (type 0) or GGUF
-// blocks, uint8 [rows, row bytes], of ggml type types[p]
+// blocks, uint8 [rows, row bytes], of ggml type types[p]; with int8 activations (types[p] + 256),
+// Q4_0 / Q4_1 / Q8_0 parts may be tiles of 16 rows, uint8 [rows / 16, blocks, tile block bytes] (tile8.h)
 using Weight = std::tuple<std::vector<at::Tensor>, std::vector<int64_t>>;
 int64_t weight_rows(const Weight& w);
 
@@ -35,6 +36,12 @@ struct Props {
   RangeFn<const float*> range[9] = {}, tail[9] = {};
   RangeFn<const vs::XQ&> range8[9] = {}, tail8[9] = {};
   void (*unpack)(const uint8_t*, float*, int64_t) = nullptr;
+  // int8 activations with per-block float work (tile8.h): range8 goes one output at a time over
+  // the file's rows, tiles8 over tiles of 16 outputs; untile gives a tiled output's file bytes
+  bool blockwise = false;
+  int64_t tile_bytes = 0;
+  RangeFn<const vs::XQ&> tiles8[9] = {};
+  void (*untile)(const uint8_t*, int64_t, int64_t, uint8_t*) = nullptr;
 };
 
 // A Weight resolved for products over `in` columns (quant.cpp): each part's format (Props), bytes
@@ -51,6 +58,7 @@ class WeightParts {
     Props f;
     const uint8_t* data;
     int64_t rows, first_out;
+    bool tiled;  // tiles of 16 rows (tile8.h)
   };
   Weight keep_;
   int64_t in_, out_ = 0;
@@ -76,8 +84,8 @@ class Product {
   const WeightParts& w_;
   int64_t n64_;
   std::vector<int8_t> q_;  // x quantised (int8 activations): vs::XQ's arrays
-  std::vector<float> dx_, sx_;
-  std::vector<int32_t> s_;
+  std::vector<float> dx_, sx_, sxb_;
+  std::vector<int32_t> s_, sb_;
 };
 
 // y [R, out] = x [R, in] @ unpacked(w)^T, each value what rows_mm gives over the unpacked matrix
@@ -86,6 +94,9 @@ at::Tensor weight_mm(at::Tensor x, const Weight& w);
 at::Tensor dequantize(const Weight& w, int64_t in);
 // rows ids of the unpacked matrix, float32 [n, in]
 at::Tensor take_rows(const Weight& w, int64_t in, at::Tensor ids);
+// a Q4_0 / Q4_1 / Q8_0 part, uint8 [rows, row bytes] with rows a multiple of 16, as tiles of 16
+// rows for its products with int8 activations (tile8.h): uint8 [rows / 16, blocks, tile block bytes]
+at::Tensor tile_weight(at::Tensor part, int64_t type);
 // each row's argmax of x [R, V] float32 (ops.h's argmax: torch.argmax's index) -> int64 [R]
 at::Tensor rows_argmax(at::Tensor x);
 

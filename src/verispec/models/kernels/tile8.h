@@ -1,0 +1,197 @@
+// Products with int8 activations whose float work is per 32-weight block (weights_format
+// "gguf-int8" for Q4_0, Q4_1 and Q8_0), the way llama.cpp's own dot products form them.
+// quant8.h's other formats apply their scales per group of 4 weights instead.
+//
+// The arithmetic, defined once (every variant and both layouts below give the same bits): x is
+// quantised as quant8.h says (per 32-value block: d, the q_k, S = their sum). For an output and a
+// row, over the row's blocks b = 0, 1, ... in order, acc starting at +0:
+//   i   = sum over the block of w_k * q_k              (integers, exact)
+//   acc = fma(float(i), ws * d, acc)
+//   acc = fma(wm, d * float(S), acc)                   (Q4_1 only; d * float(S) is XQ's sxb)
+// y = acc. w_k: Q4_0 the 4-bit quant - 8, Q4_1 the 4-bit quant, Q8_0 the int8 quant; ws, wm: the
+// block's float16 scale and min. One product and one or two fused multiply-adds per block and
+// row, where quant8.h's arithmetic spends about four operations per 4 weights and row.
+//
+// Two layouts, the same results:
+//  - the file's rows, uint8 [rows, row bytes]: `block_range`, one output at a time in plain code
+//    (any number of rows; the tests' reference and a matrix's last rows past a whole 16).
+//  - tiles of 16 outputs, uint8 [rows / 16, blocks, kTile] (`tile_rows`, made when a model loads
+//    for gguf-int8; `untile_row` gives an output's file bytes back). A tile block holds the 16
+//    outputs' scales (float16), their mins (Q4_1), then the quants with output j's 4 consecutive
+//    weights in bytes 4j .. 4j + 3 of each 64-byte run: the 16 outputs are the 16 lanes, one dot
+//    instruction covers 4 weights of all of them for a row, and the float work above is lane by
+//    lane, with no sum across lanes. Q4_0 / Q4_1: 4 runs, run c holding weights 8c .. 8c + 3 in
+//    its low nibbles and 8c + 4 .. 8c + 7 in its high ones; Q8_0: 8 runs, run g weights 4g .. 4g + 3.
+#pragma once
+
+#include "int8.h"
+#include "quant8.h"
+
+namespace vs {
+
+constexpr int kTileRows = 16;  // outputs per tile: the lanes
+
+// A format's blocks: kBytes a file block, kHead its scale (and min) bytes, w(blk, k) its k-th
+// weight's integer, ws / wm its scale and min; kTile a tile block. Tile load(tb, u, ws, wm): the 8
+// groups of 4 weights (u, for dot4u_acc, or for dot4s_acc where kSigned) minus kOffset * S.
+template <int T>
+struct Tile {
+  static constexpr bool kDefined = false;
+};
+
+template <bool Min>
+struct Q4Tile {  // Q4_0 (w = q - 8, scale d) and Q4_1 (w = q, scale d, min m)
+  static constexpr bool kDefined = true, kMin = Min, kSigned = false;
+  static constexpr int kHead = Min ? 4 : 2, kBytes = kHead + 16, kTile = 16 * kBytes;
+  static constexpr int kOffset = Min ? 0 : 8;  // the tile's u are the raw quants
+  static constexpr int kQuants = 16 * kHead;     // where a tile block's quants start
+  static int w(const uint8_t* blk, int k) {
+    const int u = k < 16 ? blk[kHead + k] & 15 : blk[kHead + k - 16] >> 4;
+    return u - kOffset;
+  }
+  static float ws(const uint8_t* blk) { return half_at(blk); }
+  static float wm(const uint8_t* blk) { return Min ? half_at(blk + 2) : 0.0f; }
+  static uint8_t* quant_byte(uint8_t* tb, int j, int k, int& shift) {  // where weight k of output j lies in a tile block
+    shift = (k % 8) >= 4 ? 4 : 0;
+    return tb + kQuants + 64 * (k / 8) + 4 * j + k % 4;
+  }
+  static void pack(const uint8_t* blk, int j, uint8_t* tb) {
+    std::memcpy(tb + 2 * j, blk, 2);
+    if (Min) std::memcpy(tb + 32 + 2 * j, blk + 2, 2);
+    for (int k = 0; k < 32; ++k) {
+      int shift;
+      uint8_t* p = quant_byte(tb, j, k, shift);
+      *p = static_cast<uint8_t>(*p | ((w(blk, k) + kOffset) << shift));
+    }
+  }
+  static void unpack(const uint8_t* tb, int j, uint8_t* blk) {
+    std::memcpy(blk, tb + 2 * j, 2);
+    if (Min) std::memcpy(blk + 2, tb + 32 + 2 * j, 2);
+    std::memset(blk + kHead, 0, 16);
+    for (int k = 0; k < 32; ++k) {
+      int shift;
+      const uint8_t u = (*quant_byte(const_cast<uint8_t*>(tb), j, k, shift) >> shift) & 15;
+      blk[kHead + k % 16] = static_cast<uint8_t>(blk[kHead + k % 16] | (k < 16 ? u : u << 4));
+    }
+  }
+  VS_ALWAYS_INLINE static void load(const uint8_t* tb, Q64* u, V& s, V& m) {
+    s = half16(tb);
+    if constexpr (Min) m = half16(tb + 32);
+    for (int c = 0; c < 4; ++c) nib64(tb + kQuants + 64 * c, u[2 * c], u[2 * c + 1]);
+  }
+};
+template <>
+struct Tile<Q4_0> : Q4Tile<false> {};
+template <>
+struct Tile<Q4_1> : Q4Tile<true> {};
+
+template <>
+struct Tile<Q8_0> {  // w = q (int8), scale d
+  static constexpr bool kDefined = true, kMin = false;
+  static constexpr int kHead = 2, kBytes = 34, kTile = 16 * kBytes;
+  // where the dot instruction takes unsigned bytes (VNNI) the tile's int8 quants go in as q + 128,
+  // and 128 * S comes off: the same integers
+  static constexpr bool kSigned = !kDotUnsigned;
+  static constexpr int kOffset = kDotUnsigned ? 128 : 0;
+  static int w(const uint8_t* blk, int k) { return static_cast<int8_t>(blk[2 + k]); }
+  static float ws(const uint8_t* blk) { return half_at(blk); }
+  static float wm(const uint8_t*) { return 0.0f; }
+  static void pack(const uint8_t* blk, int j, uint8_t* tb) {
+    std::memcpy(tb + 2 * j, blk, 2);
+    for (int k = 0; k < 32; ++k) tb[32 + 64 * (k / 4) + 4 * j + k % 4] = blk[2 + k];
+  }
+  static void unpack(const uint8_t* tb, int j, uint8_t* blk) {
+    std::memcpy(blk, tb + 2 * j, 2);
+    for (int k = 0; k < 32; ++k) blk[2 + k] = tb[32 + 64 * (k / 4) + 4 * j + k % 4];
+  }
+  VS_ALWAYS_INLINE static void load(const uint8_t* tb, Q64* u, V& s, V&) {
+    s = half16(tb);
+    for (int g = 0; g < 8; ++g) u[g] = kDotUnsigned ? flip_sign(q64_load(tb + 32 + 64 * g)) : q64_load(tb + 32 + 64 * g);
+  }
+};
+
+// rows [16 t, 16 t + 16) of a file-layout matrix (rb bytes a row, nb blocks) -> tile t (nb * kTile bytes)
+template <int T>
+inline void tile_rows(const uint8_t* rows, int64_t rb, int64_t nb, uint8_t* tile) {
+  using F = Tile<T>;
+  std::memset(tile, 0, nb * F::kTile);
+  for (int64_t b = 0; b < nb; ++b)
+    for (int j = 0; j < kTileRows; ++j) F::pack(rows + j * rb + b * F::kBytes, j, tile + b * F::kTile);
+}
+
+// output `row` of a tiled matrix (nb blocks a row) -> its file bytes (nb * kBytes)
+template <int T>
+inline void untile_row(const uint8_t* tiles, int64_t row, int64_t nb, uint8_t* out) {
+  using F = Tile<T>;
+  const uint8_t* tile = tiles + row / kTileRows * nb * F::kTile;
+  for (int64_t b = 0; b < nb; ++b) F::unpack(tile + b * F::kTile, static_cast<int>(row % kTileRows), out + b * F::kBytes);
+}
+
+// file layout: outputs [o0, o1) (rows of `w`, one at a time) for rows 0..R of xq: y[r * ldy + o]
+template <int T, int R>
+inline void block_range(const XQ& xq, const uint8_t* w, float* y, int64_t in, int64_t ldy, int64_t o0, int64_t o1) {
+  using F = Tile<T>;
+  const int64_t nb = in / 32, rb = nb * F::kBytes;
+  for (int64_t o = o0; o < o1; ++o)
+    for (int r = 0; r < R; ++r) {
+      const int8_t* q = xq.q + r * xq.n;
+      float acc = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = w + o * rb + b * F::kBytes;
+        int32_t i = 0;
+        for (int k = 0; k < 32; ++k) i += F::w(blk, k) * q[32 * b + k];
+        acc = std::fma(static_cast<float>(i), F::ws(blk) * xq.dx[r * (xq.n / 4) + 8 * b], acc);
+        if constexpr (F::kMin) acc = std::fma(F::wm(blk), xq.sxb[r * (xq.n / 32) + b], acc);
+      }
+      y[r * ldy + o] = acc;
+    }
+}
+
+// tiles [t0, t1) (outputs 16 t0 .. 16 t1) for rows 0..R of xq: y[r * ldy + o]; each tile block
+// unpacked once for all rows
+template <int T, int R>
+inline void tile_range(const XQ& xq, const uint8_t* __restrict w, float* __restrict y, int64_t in, int64_t ldy, int64_t t0, int64_t t1) {
+  using F = Tile<T>;
+  const int64_t nb = in / 32, xg = xq.n / 4, xb = xq.n / 32;
+  for (int64_t t = t0; t < t1; ++t) {
+    const uint8_t* tile = w + t * nb * F::kTile;
+    V acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = zero();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* tb = tile + b * F::kTile;
+      for (int p = 0; p < F::kTile; p += 64) prefetch(reinterpret_cast<const float*>(tb + 4 * F::kTile + p));
+      Q64 u[8];
+      V ws, wm = zero();
+      F::load(tb, u, ws, wm);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        int32_t x4[8];
+        std::memcpy(x4, xq.q + r * xq.n + 32 * b, 32);
+        I16 i0 = i16_zero(), i1 = i16_zero();  // two chains; integer sums, so the grouping does not matter
+#pragma GCC unroll 4
+        for (int g = 0; g < 8; g += 2) {
+          if constexpr (F::kSigned) i0 = dot4s_acc(i0, u[g], x4[g]), i1 = dot4s_acc(i1, u[g + 1], x4[g + 1]);
+          else i0 = dot4u_acc(i0, u[g], x4[g]), i1 = dot4u_acc(i1, u[g + 1], x4[g + 1]);
+        }
+        I16 i = add(i0, i1);
+        if constexpr (F::kOffset != 0) i = sub_all(i, F::kOffset * xq.sb[r * xb + b]);
+        acc[r] = fmadd(to_float(i), mul(ws, set1(xq.dx[r * xg + 8 * b])), acc[r]);
+        if constexpr (F::kMin) acc[r] = fmadd(wm, set1(xq.sxb[r * xb + b]), acc[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) store(y + r * ldy + kTileRows * t, acc[r]);
+  }
+}
+
+// f(std::integral_constant<int, T>{}) for the formats with tiles; false for the others
+template <class Fn>
+inline bool with_tile_format(int64_t type, Fn&& f) {
+  switch (type) {
+    case Q4_0: f(std::integral_constant<int, Q4_0>{}); return true;
+    case Q4_1: f(std::integral_constant<int, Q4_1>{}); return true;
+    case Q8_0: f(std::integral_constant<int, Q8_0>{}); return true;
+    default: return false;
+  }
+}
+
+}  // namespace vs

@@ -215,7 +215,7 @@ def test_int8_rows_with_non_finite_values_give_the_same_bits_on_every_variant():
         assert torch.isnan(outs[0][r]).all(), f"row {r}: a non-finite activation must show in every product"
 
 
-# Q4_0 / Q4_1 / Q8_0: per-block float work (kernels/tile8.h), over the file's rows or over tiles of 16
+# The 32-weight formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): per-block float work (kernels/tile8.h), over the file's rows or over tiles of 16
 
 TILE_NAMES = sorted(FORMATS[t][0] for t in TILE_FORMATS)
 
@@ -234,13 +234,20 @@ def _blockwise_reference(raw: np.ndarray, fmt: str, x: torch.Tensor) -> np.ndarr
     rows, cols = raw.shape[0], x.shape[1]
     nb, nbytes = cols // 32, FORMATS[BY_NAME[fmt]][2]
     blk = raw.reshape(rows, nb, nbytes)
+    with_min = fmt in ("Q4_1", "Q5_1")
     ws = blk[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # [rows, nb]
-    wm = blk[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if fmt == "Q4_1" else None
+    wm = blk[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if with_min else None
+    head = 4 if with_min else 2
     if fmt == "Q8_0":
         w = blk[:, :, 2:].view(np.int8).astype(np.int64)
     else:
-        qs = blk[:, :, 4 if fmt == "Q4_1" else 2:].astype(np.int64)
-        w = np.concatenate([qs & 15, qs >> 4], axis=2) - (8 if fmt == "Q4_0" else 0)  # [rows, nb, 32]
+        five = fmt.startswith("Q5")
+        qs = blk[:, :, head + (4 if five else 0):].astype(np.int64)
+        w = np.concatenate([qs & 15, qs >> 4], axis=2)  # [rows, nb, 32]
+        if five:
+            qh = blk[:, :, head : head + 4].copy().view(np.uint32).astype(np.int64)  # [rows, nb, 1]
+            w = w | (((qh >> np.arange(32)) & 1) << 4)
+        w = w - (0 if with_min else 16 if five else 8)
     xb = x.numpy().astype(np.float32).reshape(x.shape[0], nb, 32)
     a = np.abs(xb).max(axis=2)
     with np.errstate(divide="ignore", invalid="ignore"):

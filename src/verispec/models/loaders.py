@@ -207,7 +207,7 @@ def gguf_meta(path: Path) -> tuple[ModelConfig, Tokenizer, dict, str]:
 def load_gguf_blocks(path: Path, int8: bool = False) -> LoadedModel:
     """The GGUF's matrices as QuantTensors over a memory map of the file (nothing dequantised);
     norms and biases as float32 tensors. int8: products with int8 activations (weights_format
-    "gguf-int8"), each matrix's Q4_0 / Q4_1 / Q8_0 rows laid out as tiles (QuantTensor.tile_int8)
+    "gguf-int8"), each matrix's 32-weight block rows (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) laid out as tiles (QuantTensor.tile_int8)
     as it loads, the file's pages of it dropped (_forget_pages) so that the copy is not resident twice. Config, tokenizer and the table of tensors (name, type,
     shape, offset) are cached beside the converted models, keyed by the file's SHA-256: a later
     load maps the file without reading its metadata or building its tokenizer again."""

@@ -33,7 +33,7 @@ FORMATS: dict[int, tuple[str, int, int]] = {
 F32, F16, BF16 = 0, 1, 30  # the unquantised formats' numbers
 INT8 = 256  # added to a part's type in the kernels' Weight: products with int8 activations (kernels/quant8.h)
 INT8_FORMATS = frozenset({2, 3, 6, 7, 8, 12, 13, 14})  # the block formats quant8.h multiplies that way (Int8<T>::kDefined; a test keeps them in step)
-TILE_FORMATS = frozenset({2, 3, 8})  # of those, the ones with per-block float work and tiles of 16 rows (kernels/tile8.h)
+TILE_FORMATS = frozenset({2, 3, 6, 7, 8})  # of those, the ones with per-block float work and tiles of 16 rows (kernels/tile8.h)
 TILE_ROWS = 16
 
 
@@ -92,7 +92,7 @@ class QuantTensor:
         return True
 
     def tile_int8(self) -> None:
-        """Switch to int8 activations and lay the Q4_0 / Q4_1 / Q8_0 parts out as tiles of 16 rows
+        """Switch to int8 activations and lay the 32-weight block parts (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) out as tiles of 16 rows
         (kernels/tile8.h: the same results as the file's rows, several times less float work a
         row). A part's last rows past a whole 16 stay a part of their own, as stored."""
         k = _kernel()

@@ -140,7 +140,7 @@ def _project(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None)
     A QuantTensor (GGUF blocks): the kernel's product over its blocks, each value what the float32
     product over the dequantised matrix gives; for a prompt, the matrix dequantised for this one
     product (a buffer freed after it) and F.linear; a matrix of tiles (QuantTensor.tiled: gguf-int8's
-    Q4_0 / Q4_1 / Q8_0), the kernel's int8 products for prompts too, faster than dequantising and
+    32-weight formats), the kernel's int8 products for prompts too, faster than dequantising and
     F.linear (64 rows of a 3072 x 576 Q4_1 matrix 0.51 against 1.14 ms, 256 rows 2.04 against 2.93)."""
     quant = isinstance(w, QuantTensor)
     if x.shape[0] >= 48 and not (quant and w.tiled):  # prompt processing: MKL's usual GEMM is faster here (~25% at 64+ rows)

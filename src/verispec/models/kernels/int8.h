@@ -1,15 +1,18 @@
-// Integer lanes for products with int8 activations (quant8.h), one implementation per variant as
-// in vec.h. A Q64 holds 64 bytes of quants; an I16 16 int32 lanes, lane l covering bytes
-// 4l .. 4l + 3 of a Q64 (AVX2: lanes 0-7 in .lo, bytes 0-31; 8-15 in .hi, bytes 32-63):
-//   dot4u(u, x)   lane l = sum of u[i] * x[i] over its 4 bytes, u unsigned <= 128, x int8 in
-//                 [-127, 127] (so AVX2's and AVX-512's saturating 16-bit pair sums never saturate:
-//                 2 * 128 * 127 < 32768)
-//   dot4s(w, x)   the same for w int8 (as |w| times x with w's sign)
+// Integer lanes for products with int8 activations (quant8.h, tile8.h), one implementation per
+// variant as in vec.h. A Q64 holds 64 bytes of quants; an I16 16 int32 lanes, lane l covering
+// bytes 4l .. 4l + 3 of a Q64 (AVX2: lanes 0-7 in .lo, bytes 0-31; 8-15 in .hi, bytes 32-63):
+//   dot4u(u, x)          lane l = sum of u[i] * x[i] over its 4 bytes, u unsigned <= 128, x int8 in
+//                        [-127, 127] (so AVX2's and AVX-512's saturating 16-bit pair sums never
+//                        saturate: 2 * 128 * 127 < 32768)
+//   dot4u_acc(a, u, x4)  a + the same with x's 4 bytes x4 in every lane (tile8.h: lane l an output);
+//                        dot4s_acc for int8 u (as |u| times x with u's sign). kDotUnsigned: the
+//                        variant's dot instruction takes any unsigned byte (VNNI), so int8 quants
+//                        can enter as u + 128 (flip_sign) with 128 * sum(x) taken off after
 // Integer sums are exact, so every variant gives the same lanes however it forms them; the
-// float arithmetic on them (quant8.h) is vec.h's, lane by lane.
-// Unpacking: nib_pair (two 16-byte runs of nibbles: Q4_0 / Q4_1 / Q5_x blocks), nib32 (32 bytes:
-// the K-quants' sub-block pairs), or_bits (a fifth bit per weight from a 64-bit word), or_test
-// (Q5_K's fifth bits, one bit of a byte per half), q6 (Q6_K's 4 + 2 bits).
+// float arithmetic on them (quant8.h, tile8.h) is vec.h's, lane by lane.
+// Unpacking: nib32 (32 bytes: the K-quants' sub-block pairs), nib64 (64 bytes: a tile's runs),
+// or_bits (a fifth bit per weight from a 64-bit word), or_test (Q5_K's fifth bits, one bit of a
+// byte per half), q6 (Q6_K's 4 + 2 bits), half16 (16 float16 scales).
 #pragma once
 
 #include <limits>
@@ -22,11 +25,6 @@ namespace vs {
 #if defined(VERISPEC_AVX512)
 struct Q64 { __m512i v; };
 struct I16 { __m512i v; };
-inline Q64 q64_zero() { return {_mm512_setzero_si512()}; }
-inline Q64 q64_halves(const uint8_t* a, const uint8_t* b) {  // bytes 0-31 from a, 32-63 from b
-  return {_mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
-                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), 1)};
-}
 #if defined(__AVX512VNNI__)  // built with VNNI where the CPU has it (rowwise.py): one instruction, the same integers
 constexpr bool kVnni = true;
 inline __m512i dot4u_(__m512i u, __m512i x) { return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, x); }
@@ -35,11 +33,6 @@ constexpr bool kVnni = false;
 inline __m512i dot4u_(__m512i u, __m512i x) { return _mm512_madd_epi16(_mm512_maddubs_epi16(u, x), _mm512_set1_epi16(1)); }
 #endif
 inline I16 dot4u(Q64 u, const int8_t* x) { return {dot4u_(u.v, _mm512_loadu_si512(x))}; }
-inline I16 dot4s(Q64 w, const int8_t* x) {
-  const __m512i xv = _mm512_loadu_si512(x);
-  const __m512i sx = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(w.v), _mm512_setzero_si512(), xv);
-  return {dot4u_(_mm512_abs_epi8(w.v), sx)};
-}
 inline I16 sub_shifted(I16 a, const int32_t* b, int shift) {  // a - (b << shift)
   return {_mm512_sub_epi32(a.v, _mm512_slli_epi32(_mm512_loadu_si512(b), static_cast<unsigned>(shift)))};
 }
@@ -48,34 +41,12 @@ inline V pair(float a, float b) { return {_mm512_mask_blend_ps(0xFF00, _mm512_se
 inline V quad(float a, float b, float c, float d) {
   return {_mm512_setr_ps(a, a, a, a, b, b, b, b, c, c, c, c, d, d, d, d)};
 }
-// pair(half_at(a), half_at(b)); pair_dm: the same for the halves at a, b (d) and a + 2, b + 2 (m)
-inline V pair_h(const uint8_t* a, const uint8_t* b) {
-  uint16_t ha, hb;
-  std::memcpy(&ha, a, 2);
-  std::memcpy(&hb, b, 2);
-  const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(ha | (static_cast<uint32_t>(hb) << 16))));
-  return {_mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), _mm512_castps128_ps512(f))};
-}
-inline void pair_dm(const uint8_t* a, const uint8_t* b, V& d, V& m) {
-  uint32_t ha, hb;
-  std::memcpy(&ha, a, 4);
-  std::memcpy(&hb, b, 4);
-  const __m512 f = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(ha | (static_cast<uint64_t>(hb) << 32)))));
-  d = {_mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2), f)};
-  m = {_mm512_permutexvar_ps(_mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3), f)};
-}
 // lanes 0-7 = t[i], 8-15 = t[j] (spread2); lanes 4g .. 4g + 3 = t[i + g] (spread4), t 16 floats
 inline V spread2(V t, int i, int j) {
   return {_mm512_permutexvar_ps(_mm512_mask_blend_epi32(0xFF00, _mm512_set1_epi32(i), _mm512_set1_epi32(j)), t.v)};
 }
 inline V spread4(V t, int i) {
   return {_mm512_permutexvar_ps(_mm512_add_epi32(_mm512_set1_epi32(i), _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)), t.v)};
-}
-inline Q64 nib_pair(const uint8_t* a, const uint8_t* b) {  // [a & 15, a >> 4, b & 15, b >> 4]
-  const __m256i ab = _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), _mm_loadu_si128(reinterpret_cast<const __m128i*>(a)));
-  const __m256i m = _mm256_set1_epi8(0x0F);
-  const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(ab, m)), _mm256_and_si256(_mm256_srli_epi16(ab, 4), m), 1);
-  return {_mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(3, 1, 2, 0))};
 }
 inline Q64 nib32(const uint8_t* p) {  // [p & 15, p >> 4], 32 bytes each
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -127,16 +98,10 @@ struct Q64 { __m256i lo, hi; };
 struct I16 { __m256i lo, hi; };
 inline __m256i ld32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 inline __m128i ld16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
-inline Q64 q64_zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
-inline Q64 q64_halves(const uint8_t* a, const uint8_t* b) { return {ld32(a), ld32(b)}; }
 inline __m256i dot4u8(__m256i u, __m256i x) { return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)); }
 inline I16 dot4u(Q64 u, const int8_t* x) {
   const uint8_t* xb = reinterpret_cast<const uint8_t*>(x);
   return {dot4u8(u.lo, ld32(xb)), dot4u8(u.hi, ld32(xb + 32))};
-}
-inline I16 dot4s(Q64 w, const int8_t* x) {
-  const uint8_t* xb = reinterpret_cast<const uint8_t*>(x);
-  return {dot4u8(_mm256_abs_epi8(w.lo), _mm256_sign_epi8(ld32(xb), w.lo)), dot4u8(_mm256_abs_epi8(w.hi), _mm256_sign_epi8(ld32(xb + 32), w.hi))};
 }
 inline I16 sub_shifted(I16 a, const int32_t* b, int shift) {
   const __m128i s = _mm_cvtsi32_si128(shift);
@@ -146,11 +111,6 @@ inline I16 sub_shifted(I16 a, const int32_t* b, int shift) {
 inline V to_float(I16 a) { return {_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)}; }
 inline V pair(float a, float b) { return {_mm256_set1_ps(a), _mm256_set1_ps(b)}; }
 inline V quad(float a, float b, float c, float d) { return {_mm256_setr_ps(a, a, a, a, b, b, b, b), _mm256_setr_ps(c, c, c, c, d, d, d, d)}; }
-inline __m256i nib16(const uint8_t* p) {  // [p & 15, p >> 4], 16 bytes each
-  const __m128i v = ld16(p), m = _mm_set1_epi8(0x0F);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
-}
-inline Q64 nib_pair(const uint8_t* a, const uint8_t* b) { return {nib16(a), nib16(b)}; }
 inline Q64 nib32(const uint8_t* p) {
   const __m256i v = ld32(p), m = _mm256_set1_epi8(0x0F);
   return {_mm256_and_si256(v, m), _mm256_and_si256(_mm256_srli_epi16(v, 4), m)};
@@ -214,22 +174,11 @@ inline V half16(const uint8_t* p) {
 #else  // NEON and scalar: plain C++ over the bytes (the reference for the integer lanes)
 struct Q64 { uint8_t b[64]; };
 struct I16 { int32_t l[16]; };
-inline Q64 q64_zero() { Q64 q; std::memset(q.b, 0, 64); return q; }
-inline Q64 q64_halves(const uint8_t* a, const uint8_t* b) { Q64 q; std::memcpy(q.b, a, 32); std::memcpy(q.b + 32, b, 32); return q; }
 inline I16 dot4u(Q64 u, const int8_t* x) {
   I16 r;
   for (int l = 0; l < 16; ++l) {
     int32_t s = 0;
     for (int i = 4 * l; i < 4 * l + 4; ++i) s += static_cast<int32_t>(u.b[i]) * x[i];
-    r.l[l] = s;
-  }
-  return r;
-}
-inline I16 dot4s(Q64 w, const int8_t* x) {
-  I16 r;
-  for (int l = 0; l < 16; ++l) {
-    int32_t s = 0;
-    for (int i = 4 * l; i < 4 * l + 4; ++i) s += static_cast<int32_t>(static_cast<int8_t>(w.b[i])) * x[i];
     r.l[l] = s;
   }
   return r;
@@ -253,11 +202,6 @@ inline V quad(float a, float b, float c, float d) {
   float t[16];
   for (int l = 0; l < 16; ++l) t[l] = s[l / 4];
   return load(t);
-}
-inline Q64 nib_pair(const uint8_t* a, const uint8_t* b) {
-  Q64 q;
-  for (int i = 0; i < 16; ++i) q.b[i] = a[i] & 15, q.b[16 + i] = a[i] >> 4, q.b[32 + i] = b[i] & 15, q.b[48 + i] = b[i] >> 4;
-  return q;
 }
 inline Q64 nib32(const uint8_t* p) {
   Q64 q;
@@ -366,8 +310,6 @@ inline V spread4(V t, int i) {
   store(f, t);
   return quad(f[i], f[i + 1], f[i + 2], f[i + 3]);
 }
-inline V pair_h(const uint8_t* a, const uint8_t* b) { return pair(half_at(a), half_at(b)); }
-inline void pair_dm(const uint8_t* a, const uint8_t* b, V& d, V& m) { d = pair_h(a, b), m = pair_h(a + 2, b + 2); }
 #endif
 
 }  // namespace vs

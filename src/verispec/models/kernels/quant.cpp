@@ -8,7 +8,7 @@
 // pair is ops.h's dot over the unpacked weights, whatever R, the neighbours or the thread.
 // A part's type with kInt8 added (types[p] + 256) asks for int8 activations (quant8.h): x is
 // quantised once per call, and each (output, row) pair gets quant8.h's arithmetic instead, or for
-// Q4_0 / Q4_1 / Q8_0 tile8.h's (over the file's rows, or over tiles of 16 rows: 3-D parts).
+// the 32-weight formats tile8.h's (over the file's rows, or over tiles of 16 rows: 3-D parts).
 #include "rowwise.h"
 #include "quant.h"
 #include "quant8.h"
@@ -108,7 +108,7 @@ int64_t part_rows(const at::Tensor& t) { return t.dim() == 3 ? t.size(0) * vs::k
 const uint8_t* part_data(const at::Tensor& t, int64_t type, const Props& f, int64_t in) {
   TORCH_CHECK(in % f.elems == 0, "weight format ", type, ": ", in, " columns are not whole blocks of ", f.elems);
   if (t.dim() == 3) {  // tiles (tile8.h)
-    TORCH_CHECK(f.tile_bytes > 0, "a tiled part (3-D) must be Q4_0, Q4_1 or Q8_0 with int8 activations (type + ", 256,
+    TORCH_CHECK(f.tile_bytes > 0, "a tiled part (3-D) must be a 32-weight format (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) with int8 activations (type + ", 256,
                 "), got type ", type);
     TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == at::kByte && t.size(1) == in / 32 &&
                     t.size(2) == f.tile_bytes,
@@ -293,6 +293,6 @@ at::Tensor tile_weight(at::Tensor part, int64_t type) {
       for (int64_t t = t0; t < t1; ++t) vs::tile_rows<T>(src + t * vs::kTileRows * rb, rb, nb, dst + t * nb * F::kTile);
     });
   });
-  TORCH_CHECK(known, "tile_weight: type ", type, " has no tiles (Q4_0, Q4_1 and Q8_0 do)");
+  TORCH_CHECK(known, "tile_weight: type ", type, " has no tiles (the 32-weight formats Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 do)");
   return out;
 }

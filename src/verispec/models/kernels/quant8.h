@@ -1,22 +1,21 @@
 // Products over GGUF blocks with int8 activations (weights_format "gguf-int8"), as llama.cpp
 // computes them: each row of x is quantised in blocks of 32, the weights' integer quants are
-// multiplied by it in integers, and the float scales applied per group of 4 weights (Q5_0, Q5_1
-// and the K-quants; Q4_0, Q4_1 and Q8_0 apply them per block instead: tile8.h).
+// multiplied by it in integers, and the float scales applied per group of 4 weights. Here: the
+// K-quants (Q4_K, Q5_K, Q6_K); the 32-weight formats apply their scales per block (tile8.h).
 //
 // The arithmetic, defined once (every variant computes the same bits; no torch here):
 //   x, one block of 32 values:  a = max |x_i|;  d = a / 127;  q_i = round_even(x_i * (127 / a))
 //     (q = 0 and d = 0 where a = 0), clamped to [-127, 127]. Per group g of 4 values (a lane):
 //     s_g = sum of its q_i (an integer), dx_g = d, sx_g = d * s_g.
-//   a weight row, 64 weights at a time (two 32-weight blocks, or a quarter of a 256-weight one),
-//   16 lanes, lane l covering weights 4l .. 4l + 3: its integer quants u (unsigned, offset by o:
-//   the weight is ws * (u - o) + wm), the lane's scale ws and min wm (format by format below).
+//   a weight row, 64 weights at a time (a quarter of a 256-weight block), 16 lanes, lane l
+//   covering weights 4l .. 4l + 3: its integer quants u (unsigned, offset by o: the weight is
+//   ws * (u - o) + wm), the lane's scale ws and min wm (format by format below).
 //     i_l  = sum over the lane of u * q - o * s_g      (integers, exact)
 //     acc_l = fma(float(i_l), ws_l * dx_g, acc_l)
 //     acc_l = fma(wm_l, sx_g, acc_l)                  (formats with a min)
-//   y = vec.h's sum tree over the 16 lanes. A row shorter than a whole 64 (an odd number of
-//   32-blocks) ends with a block of zeros on both sides, which adds +0 to each lane.
+//   y = vec.h's sum tree over the 16 lanes.
 // So a row's result depends on its own x and the weights only: batch invariance holds as in the
-// float32 products. Prompts (48+ rows) take the same products (models/transformer.py's _project).
+// float32 products. Prompts (48+ rows) keep the exact float32 path (models/transformer.py's _project).
 #pragma once
 
 #include <limits>
@@ -80,54 +79,10 @@ inline void quantize_rows(const float* x, int64_t rows, int64_t in, const XQ& xq
   }
 }
 
-// Int8<T>: a format's 64-weight steps. kOffset: o above; kMin: wm used; kSigned: u is int8 (Q8_0,
-// o = 0). step(row, s, u, ws, wm) unpacks step s of a row (bytes `row`, whole row).
+// Int8<T>: a K-quant's 64-weight steps. kOffsetShift: o above as a power of 2 (-1: none); kMin: wm used.
 template <int T>
 struct Int8 {
   static constexpr bool kDefined = false;
-};
-
-alignas(64) inline constexpr uint8_t kZeroBlock[256] = {};  // the missing second block of a row's last step
-
-// two 32-weight blocks per step: blocks 2s and 2s + 1 (a zero block past the row's end)
-template <int T>
-struct Pairs {
-  static constexpr int kBytes = Format<T>::kBytes;
-  static void blocks(const uint8_t* row, int64_t s, int64_t nblocks, const uint8_t*& a, const uint8_t*& b) {
-    a = row + 2 * s * kBytes;
-    b = 2 * s + 1 < nblocks ? a + kBytes : kZeroBlock;
-  }
-};
-
-inline uint64_t qh_pair(const uint8_t* a, const uint8_t* b) {
-  uint32_t ha, hb;
-  std::memcpy(&ha, a, 4);
-  std::memcpy(&hb, b, 4);
-  return ha | (static_cast<uint64_t>(hb) << 32);
-}
-
-template <>
-struct Int8<Q5_0> : Pairs<Q5_0> {  // w = d * (q - 16)
-  static constexpr bool kDefined = true, kMin = false, kSigned = false;
-  static constexpr int kOffsetShift = 4;
-  VS_ALWAYS_INLINE static void step(const uint8_t* row, int64_t s, int64_t nb, Q64& u, V& ws, V&) {
-    const uint8_t *a, *b;
-    blocks(row, s, nb, a, b);
-    u = or_bits(nib_pair(a + 6, b + 6), qh_pair(a + 2, b + 2), 16);
-    ws = pair_h(a, b);
-  }
-};
-
-template <>
-struct Int8<Q5_1> : Pairs<Q5_1> {  // w = d * q + m
-  static constexpr bool kDefined = true, kMin = true, kSigned = false;
-  static constexpr int kOffsetShift = -1;
-  VS_ALWAYS_INLINE static void step(const uint8_t* row, int64_t s, int64_t nb, Q64& u, V& ws, V& wm) {
-    const uint8_t *a, *b;
-    blocks(row, s, nb, a, b);
-    u = or_bits(nib_pair(a + 8, b + 8), qh_pair(a + 4, b + 4), 16);
-    pair_dm(a, b, ws, wm);
-  }
 };
 
 // 256-weight blocks: prepare(block) once, then quarter(block, c, scales, u, ws, wm) for its four
@@ -148,7 +103,7 @@ inline V k_scales(const uint8_t* b) {
 
 template <bool Five>
 struct KQuarter {
-  static constexpr bool kDefined = true, kMin = true, kSigned = false;
+  static constexpr bool kDefined = true, kMin = true;
   static constexpr int kOffsetShift = -1;
   static constexpr int kBytes = Five ? 176 : 144;
   VS_ALWAYS_INLINE static V prepare(const uint8_t* b) { return k_scales(b); }
@@ -166,7 +121,7 @@ struct Int8<Q5_K> : KQuarter<true> {};
 
 template <>
 struct Int8<Q6_K> {  // w = (d * sc_j) * (q - 32), one scale per 16 weights
-  static constexpr bool kDefined = true, kMin = false, kSigned = false;
+  static constexpr bool kDefined = true, kMin = false;
   static constexpr int kOffsetShift = 5;
   static constexpr int kBytes = 210;
   VS_ALWAYS_INLINE static V prepare(const uint8_t* b) {
@@ -187,7 +142,7 @@ VS_ALWAYS_INLINE inline void accumulate(const XQ& xq, int64_t s, Q64 u, V ws, V 
   for (int r = 0; r < R; ++r) {
     const int8_t* xs = xq.q + r * xq.n + 64 * s;
     const int64_t g = r * (xq.n / 4) + 16 * s;
-    I16 i = F::kSigned ? dot4s(u, xs) : dot4u(u, xs);
+    I16 i = dot4u(u, xs);
     if constexpr (F::kOffsetShift >= 0) i = sub_shifted(i, xq.s + g, F::kOffsetShift);
     acc[r] = fmadd(to_float(i), mul(ws, load(xq.dx + g)), acc[r]);
     if constexpr (F::kMin) acc[r] = fmadd(wm, load(xq.sx + g), acc[r]);
@@ -196,49 +151,29 @@ VS_ALWAYS_INLINE inline void accumulate(const XQ& xq, int64_t s, Q64 u, V ws, V 
 
 // outputs o0 .. o0 + OB - 1 (rows of `w`, `rb` bytes each) for rows 0..R of xq: y[r * ldy + o],
 // the arithmetic above; each step's weights unpacked once for all rows. Prefetch as products_q.
-template <int T, int R, int OB, bool Short = false>
+template <int T, int R, int OB, bool Short = false>  // (Short: K-quant rows are long; kept for quant.cpp's one call shape)
 inline void products_i8(const XQ& xq, const uint8_t* __restrict w, int64_t rb, float* __restrict y, int64_t in, int64_t ldy, int64_t o0) {
   using F = Int8<T>;
   constexpr int E = Format<T>::kElems, B = Format<T>::kBytes;
   V acc[OB][R];
   for (int b = 0; b < OB; ++b)
     for (int r = 0; r < R; ++r) acc[b][r] = zero();
-  if constexpr (E == 32) {
-    const int64_t nblocks = in / E, steps = (in + 63) / 64;
-    for (int64_t s = 0; s < steps; ++s) {
-#pragma GCC unroll 8
-      for (int b = 0; b < OB; ++b) {
-        const uint8_t* row = w + (o0 + b) * rb;
-        if constexpr (Short) {  // the next block of outputs, in address order (2 * B <= 68 bytes a step)
-          const uint8_t* p = w + (o0 + OB) * rb + (s * OB + b) * 2 * B;
-          prefetch(reinterpret_cast<const float*>(p));
-          prefetch(reinterpret_cast<const float*>(p + 2 * B - 1));
-        } else {
-          prefetch(reinterpret_cast<const float*>(row + OB * rb + s * 2 * B));
-        }
+  static_assert(E == 256, "quant8.h's products are the K-quants' (the 32-weight formats: tile8.h)");
+  for (int64_t k = 0; k < in / E; ++k) {
+    for (int b = 0; b < OB; ++b) {
+      const uint8_t* blk = w + (o0 + b) * rb + k * B;
+      for (int p = 0; p < B; p += 64) prefetch(reinterpret_cast<const float*>(blk + OB * rb + p));
+      const V t = F::prepare(blk);
+      V a[R];  // this output's accumulators in registers (in acc[b] they would chain through memory)
+      for (int r = 0; r < R; ++r) a[r] = acc[b][r];
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) {
         Q64 u;
         V ws, wm = zero();
-        F::step(row, s, nblocks, u, ws, wm);
-        accumulate<T, R>(xq, s, u, ws, wm, acc[b]);
+        F::quarter(blk, c, t, u, ws, wm);
+        accumulate<T, R>(xq, 4 * k + c, u, ws, wm, a);
       }
-    }
-  } else {
-    for (int64_t k = 0; k < in / E; ++k) {
-      for (int b = 0; b < OB; ++b) {
-        const uint8_t* blk = w + (o0 + b) * rb + k * B;
-        for (int p = 0; p < B; p += 64) prefetch(reinterpret_cast<const float*>(blk + OB * rb + p));
-        const V t = F::prepare(blk);
-        V a[R];  // this output's accumulators in registers (in acc[b] they would chain through memory)
-        for (int r = 0; r < R; ++r) a[r] = acc[b][r];
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; ++c) {
-          Q64 u;
-          V ws, wm = zero();
-          F::quarter(blk, c, t, u, ws, wm);
-          accumulate<T, R>(xq, 4 * k + c, u, ws, wm, a);
-        }
-        for (int r = 0; r < R; ++r) acc[b][r] = a[r];
-      }
+      for (int r = 0; r < R; ++r) acc[b][r] = a[r];
     }
   }
   for (int b = 0; b < OB; ++b)

@@ -19,7 +19,7 @@ at::Tensor rows_mm(at::Tensor x, at::Tensor w);
 
 // A weight matrix stacked from parts (quant.cpp): part p is float32 [rows, in] (type 0) or GGUF
 // blocks, uint8 [rows, row bytes], of ggml type types[p]; with int8 activations (types[p] + 256),
-// Q4_0 / Q4_1 / Q8_0 parts may be tiles of 16 rows, uint8 [rows / 16, blocks, tile block bytes] (tile8.h)
+// 32-weight block parts (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) may be tiles of 16 rows, uint8 [rows / 16, blocks, tile block bytes] (tile8.h)
 using Weight = std::tuple<std::vector<at::Tensor>, std::vector<int64_t>>;
 int64_t weight_rows(const Weight& w);
 
@@ -94,7 +94,7 @@ at::Tensor weight_mm(at::Tensor x, const Weight& w);
 at::Tensor dequantize(const Weight& w, int64_t in);
 // rows ids of the unpacked matrix, float32 [n, in]
 at::Tensor take_rows(const Weight& w, int64_t in, at::Tensor ids);
-// a Q4_0 / Q4_1 / Q8_0 part, uint8 [rows, row bytes] with rows a multiple of 16, as tiles of 16
+// a 32-weight block part (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), uint8 [rows, row bytes] with rows a multiple of 16, as tiles of 16
 // rows for its products with int8 activations (tile8.h): uint8 [rows / 16, blocks, tile block bytes]
 at::Tensor tile_weight(at::Tensor part, int64_t type);
 // each row's argmax of x [R, V] float32 (ops.h's argmax: torch.argmax's index) -> int64 [R]

@@ -1,5 +1,5 @@
 // Products with int8 activations whose float work is per 32-weight block (weights_format
-// "gguf-int8" for Q4_0, Q4_1 and Q8_0), the way llama.cpp's own dot products form them.
+// "gguf-int8" for the 32-weight formats Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), the way llama.cpp's own dot products form them.
 // quant8.h's other formats apply their scales per group of 4 weights instead.
 //
 // The arithmetic, defined once (every variant and both layouts below give the same bits): x is
@@ -39,15 +39,32 @@ struct Tile {
   static constexpr bool kDefined = false;
 };
 
-template <bool Min>
-struct Q4Tile {  // Q4_0 (w = q - 8, scale d) and Q4_1 (w = q, scale d, min m)
+template <bool Min, bool Five = false>
+struct Q4Tile {  // Q4_0 (w = q - 8, scale d), Q4_1 (w = q, scale d, min m); Five: Q5_0 (w = q - 16), Q5_1 (w = q)
   static constexpr bool kDefined = true, kMin = Min, kSigned = false;
-  static constexpr int kHead = Min ? 4 : 2, kBytes = kHead + 16, kTile = 16 * kBytes;
-  static constexpr int kOffset = Min ? 0 : 8;  // the tile's u are the raw quants
-  static constexpr int kQuants = 16 * kHead;     // where a tile block's quants start
+  static constexpr int kHead = (Min ? 4 : 2) + (Five ? 4 : 0), kBytes = kHead + 16, kTile = 16 * kBytes;
+  static constexpr int kOffset = Min ? 0 : Five ? 16 : 8;  // the tile's u are the raw quants
+  static constexpr int kScales = Min ? 64 : 32;           // a tile block: scales (and mins), fifth bits, quants
+  static constexpr int kQuants = kScales + (Five ? 64 : 0);
   static int w(const uint8_t* blk, int k) {
-    const int u = k < 16 ? blk[kHead + k] & 15 : blk[kHead + k - 16] >> 4;
+    int u = k < 16 ? blk[kHead + k] & 15 : blk[kHead + k - 16] >> 4;
+    if constexpr (Five) u |= ((qh(blk) >> k) & 1) << 4;
     return u - kOffset;
+  }
+  static uint32_t qh(const uint8_t* blk) {  // the fifth bits: after d (and m)
+    uint32_t h;
+    std::memcpy(&h, blk + (Min ? 4 : 2), 4);
+    return h;
+  }
+  // the fifth bits in a tile block: 8 words of 64 bits, bit 4j + i of word g for weight 4g + i of output j
+  static void set_fifth(uint8_t* tb, int j, int k) {
+    uint8_t* word = tb + kScales + 8 * (k / 4);
+    const int bit = 4 * j + k % 4;
+    word[bit / 8] = static_cast<uint8_t>(word[bit / 8] | (1 << (bit % 8)));
+  }
+  static int fifth(const uint8_t* tb, int j, int k) {
+    const int bit = 4 * j + k % 4;
+    return (tb[kScales + 8 * (k / 4) + bit / 8] >> (bit % 8)) & 1;
   }
   static float ws(const uint8_t* blk) { return half_at(blk); }
   static float wm(const uint8_t* blk) { return Min ? half_at(blk + 2) : 0.0f; }
@@ -59,31 +76,46 @@ struct Q4Tile {  // Q4_0 (w = q - 8, scale d) and Q4_1 (w = q, scale d, min m)
     std::memcpy(tb + 2 * j, blk, 2);
     if (Min) std::memcpy(tb + 32 + 2 * j, blk + 2, 2);
     for (int k = 0; k < 32; ++k) {
+      const int u = w(blk, k) + kOffset;
       int shift;
       uint8_t* p = quant_byte(tb, j, k, shift);
-      *p = static_cast<uint8_t>(*p | ((w(blk, k) + kOffset) << shift));
+      *p = static_cast<uint8_t>(*p | ((u & 15) << shift));
+      if (Five && (u & 16)) set_fifth(tb, j, k);
     }
   }
   static void unpack(const uint8_t* tb, int j, uint8_t* blk) {
     std::memcpy(blk, tb + 2 * j, 2);
     if (Min) std::memcpy(blk + 2, tb + 32 + 2 * j, 2);
-    std::memset(blk + kHead, 0, 16);
+    std::memset(blk + (Min ? 4 : 2), 0, kBytes - (Min ? 4 : 2));
+    uint32_t h = 0;
     for (int k = 0; k < 32; ++k) {
       int shift;
       const uint8_t u = (*quant_byte(const_cast<uint8_t*>(tb), j, k, shift) >> shift) & 15;
       blk[kHead + k % 16] = static_cast<uint8_t>(blk[kHead + k % 16] | (k < 16 ? u : u << 4));
+      if constexpr (Five) h |= static_cast<uint32_t>(fifth(tb, j, k)) << k;
     }
+    if constexpr (Five) std::memcpy(blk + (Min ? 4 : 2), &h, 4);
   }
   VS_ALWAYS_INLINE static void load(const uint8_t* tb, Q64* u, V& s, V& m) {
     s = half16(tb);
     if constexpr (Min) m = half16(tb + 32);
     for (int c = 0; c < 4; ++c) nib64(tb + kQuants + 64 * c, u[2 * c], u[2 * c + 1]);
+    if constexpr (Five)
+      for (int g = 0; g < 8; ++g) {
+        uint64_t bits;
+        std::memcpy(&bits, tb + kScales + 8 * g, 8);
+        u[g] = or_bits(u[g], bits, 16);
+      }
   }
 };
 template <>
 struct Tile<Q4_0> : Q4Tile<false> {};
 template <>
 struct Tile<Q4_1> : Q4Tile<true> {};
+template <>
+struct Tile<Q5_0> : Q4Tile<false, true> {};
+template <>
+struct Tile<Q5_1> : Q4Tile<true, true> {};
 
 template <>
 struct Tile<Q8_0> {  // w = q (int8), scale d
@@ -189,6 +221,8 @@ inline bool with_tile_format(int64_t type, Fn&& f) {
   switch (type) {
     case Q4_0: f(std::integral_constant<int, Q4_0>{}); return true;
     case Q4_1: f(std::integral_constant<int, Q4_1>{}); return true;
+    case Q5_0: f(std::integral_constant<int, Q5_0>{}); return true;
+    case Q5_1: f(std::integral_constant<int, Q5_1>{}); return true;
     case Q8_0: f(std::integral_constant<int, Q8_0>{}); return true;
     default: return false;
   }

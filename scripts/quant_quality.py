@@ -7,7 +7,8 @@
 Two measures per model, both formats side by side in one run:
 - teacher-forced: the first user turn and its answer in the chat template, fed in segments of 32
   tokens (decoding-sized forwards: int8 runs on segments under 48 rows; prompts of 48+ run the
-  exact float32 path on either format). Perplexity of the answer's tokens, mean KL(exact || int8)
+  exact float32 path on either format, except gguf-int8's matrices of 32-weight formats, which
+  take int8 for prompts too). Perplexity of the answer's tokens, mean KL(exact || int8)
   of the next-token distributions, and how often the two argmaxes agree;
 - free-running: greedy chat answers of --max-tokens to other held-out questions on each format;
   how many are identical and the mean length of the common prefix.

@@ -85,14 +85,25 @@ static void check_format(const std::vector<float>& x, int R) {
         std::vector<uint8_t> w32(rows * rbn), tiles(rows * rbn);
         for (int o = 0; o < rows; ++o) std::memcpy(w32.data() + o * rbn, wn.data() + (o % outs) * rbn, rbn);
         for (int t = 0; t < 2; ++t) vs::tile_rows<T>(w32.data() + t * vs::kTileRows * rbn, rbn, n / 32, tiles.data() + t * (n / 32) * vs::Tile<T>::kTile);
-        std::vector<float> y1(3 * rows), y2(3 * rows);
-        vs::block_range<T, 3>(xq, w32.data(), y1.data(), n, rows, 0, rows);
-        vs::tile_range<T, 3>(xq, tiles.data(), y2.data(), n, rows, 0, 2);
-        if (std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float)) != 0) {
+        constexpr int R6 = 6;  // 6 rows (x's rows repeated, the last two scaled): AMX where built with it
+        std::vector<float> x6(R6 * n);
+        for (int r = 0; r < R6; ++r)
+          for (int i = 0; i < n; ++i) x6[r * n + i] = xn[(r % R) * n + i] * (r < R ? 1.0f : 0.5f + r);
+        std::vector<int8_t> q6(R6 * n64);
+        std::vector<float> dx6(R6 * n64 / 4), sx6(R6 * n64 / 4), sxb6(R6 * n64 / 32);
+        std::vector<int32_t> s6(R6 * n64 / 4), sb6(R6 * n64 / 32);
+        const vs::XQ xq6{q6.data(), dx6.data(), sx6.data(), s6.data(), n64, sb6.data(), sxb6.data()};
+        vs::quantize_rows(x6.data(), R6, n, xq6);
+        std::vector<float> y1(R6 * rows), y2(R6 * rows), y3(3 * rows);
+        vs::block_range<T, R6>(xq6, w32.data(), y1.data(), n, rows, 0, rows);
+        vs::tile_range<T, R6>(xq6, tiles.data(), y2.data(), n, rows, 0, 2);
+        vs::tile_range<T, 3>(xq6, tiles.data(), y3.data(), n, rows, 0, 2);  // 3 rows: the dot instructions
+        if (std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float)) != 0 ||
+            std::memcmp(y1.data(), y3.data(), y3.size() * sizeof(float)) != 0) {
           std::fprintf(stderr, "tiles differ from rows (format %d)\n", T);
           std::exit(1);
         }
-        out(y2.data(), 3 * rows);
+        out(y2.data(), R6 * rows);
       } else {
         for (int o = 0; o + 2 <= outs; o += 2) vs::products_i8<T, 3, 2>(xq, wn.data(), rbn, y.data(), n, outs, o);
         vs::products_i8<T, 3, 1>(xq, wn.data(), rbn, y.data(), n, outs, outs - 1);

@@ -44,7 +44,7 @@ log = logging.getLogger("verispec")
 
 KERNELS = Path(__file__).with_name("kernels")
 SOURCES = [KERNELS / "quant.cpp", KERNELS / "rowwise.cpp", KERNELS / "layer.cpp", KERNELS / "module.cpp"]  # longest first
-HEADERS = [KERNELS / "rowwise.h", KERNELS / "ops.h", KERNELS / "vec.h", KERNELS / "quant.h", KERNELS / "int8.h", KERNELS / "quant8.h", KERNELS / "tile8.h"]
+HEADERS = [KERNELS / "rowwise.h", KERNELS / "ops.h", KERNELS / "vec.h", KERNELS / "quant.h", KERNELS / "int8.h", KERNELS / "quant8.h", KERNELS / "tile8.h", KERNELS / "tile8_amx.h"]
 # no -march=native: a variant's library runs on any CPU with its instruction set, and no
 # -ffast-math; -ffp-contract=off: no fused multiply-add but the written ones
 COMMON_FLAGS = ["-fopenmp", "-ffp-contract=off", "-fno-fast-math"]
@@ -172,9 +172,14 @@ def load_variant(variant: str, required: bool = True):
 
 
 def variant_flags(variant: str) -> list[str]:
-    """The compiler flags of `variant` on this CPU: AVX-512 adds VNNI where the CPU has it (the
-    int8 products' dot instruction; the integers, so the results, are the same without it)."""
-    extra = ["-mavx512vnni"] if variant == "avx512" and "avx512_vnni" in cpu_flags() else []
+    """The compiler flags of `variant` on this CPU: AVX-512 adds VNNI and AMX where the CPU has them
+    (the int8 products' dot instructions, kernels/tile8_amx.h; the integers, so the results, are
+    the same without them)."""
+    extra = []
+    if variant == "avx512":
+        flags = cpu_flags()
+        extra += ["-mavx512vnni"] if "avx512_vnni" in flags else []
+        extra += ["-mamx-tile", "-mamx-int8"] if {"amx_tile", "amx_int8"} <= flags else []
     return VARIANT_FLAGS[variant] + extra
 
 

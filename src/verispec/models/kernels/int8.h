@@ -92,6 +92,8 @@ inline I16 dot4s_acc(I16 a, Q64 w, int32_t x) {
   return add(a, {dot4u_(_mm512_abs_epi8(w.v), _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(w.v), _mm512_setzero_si512(), xv))});
 }
 inline V half16(const uint8_t* p) { return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))}; }
+inline void q64_store(uint8_t* p, Q64 q) { _mm512_storeu_si512(p, q.v); }
+inline I16 i16_load(const int32_t* p) { return {_mm512_loadu_si512(p)}; }
 
 #elif defined(VERISPEC_AVX2)
 struct Q64 { __m256i lo, hi; };

@@ -44,6 +44,7 @@ struct Q4Tile {  // Q4_0 (w = q - 8, scale d), Q4_1 (w = q, scale d, min m); Fiv
   static constexpr bool kDefined = true, kMin = Min, kSigned = false;
   static constexpr int kHead = (Min ? 4 : 2) + (Five ? 4 : 0), kBytes = kHead + 16, kTile = 16 * kBytes;
   static constexpr int kOffset = Min ? 0 : Five ? 16 : 8;  // the tile's u are the raw quants
+  static constexpr int kRawOffset = kOffset;
   static constexpr int kScales = Min ? 64 : 32;           // a tile block: scales (and mins), fifth bits, quants
   static constexpr int kQuants = kScales + (Five ? 64 : 0);
   static int w(const uint8_t* blk, int k) {
@@ -99,6 +100,9 @@ struct Q4Tile {  // Q4_0 (w = q - 8, scale d), Q4_1 (w = q, scale d, min m); Fiv
   VS_ALWAYS_INLINE static void load(const uint8_t* tb, Q64* u, V& s, V& m) {
     s = half16(tb);
     if constexpr (Min) m = half16(tb + 32);
+    quants(tb, u);
+  }
+  VS_ALWAYS_INLINE static void quants(const uint8_t* tb, Q64* u) {
     for (int c = 0; c < 4; ++c) nib64(tb + kQuants + 64 * c, u[2 * c], u[2 * c + 1]);
     if constexpr (Five)
       for (int g = 0; g < 8; ++g) {
@@ -124,7 +128,7 @@ struct Tile<Q8_0> {  // w = q (int8), scale d
   // where the dot instruction takes unsigned bytes (VNNI) the tile's int8 quants go in as q + 128,
   // and 128 * S comes off: the same integers
   static constexpr bool kSigned = !kDotUnsigned;
-  static constexpr int kOffset = kDotUnsigned ? 128 : 0;
+  static constexpr int kOffset = kDotUnsigned ? 128 : 0, kRawOffset = 0;
   static int w(const uint8_t* blk, int k) { return static_cast<int8_t>(blk[2 + k]); }
   static float ws(const uint8_t* blk) { return half_at(blk); }
   static float wm(const uint8_t*) { return 0.0f; }
@@ -141,6 +145,14 @@ struct Tile<Q8_0> {  // w = q (int8), scale d
     for (int g = 0; g < 8; ++g) u[g] = kDotUnsigned ? flip_sign(q64_load(tb + 32 + 64 * g)) : q64_load(tb + 32 + 64 * g);
   }
 };
+
+}  // namespace vs
+
+#if defined(__AMX_INT8__)
+#include "tile8_amx.h"
+#endif
+
+namespace vs {
 
 // rows [16 t, 16 t + 16) of a file-layout matrix (rb bytes a row, nb blocks) -> tile t (nb * kTile bytes)
 template <int T>
@@ -183,6 +195,10 @@ inline void block_range(const XQ& xq, const uint8_t* w, float* y, int64_t in, in
 // unpacked once for all rows
 template <int T, int R>
 inline void tile_range(const XQ& xq, const uint8_t* __restrict w, float* __restrict y, int64_t in, int64_t ldy, int64_t t0, int64_t t1) {
+#if defined(__AMX_INT8__)
+  if constexpr (R >= kAmxRows)
+    if (amx_ready()) return tile_range_amx<T, R>(xq, w, y, in, ldy, t0, t1);
+#endif
   using F = Tile<T>;
   const int64_t nb = in / 32, xg = xq.n / 4, xb = xq.n / 32;
   for (int64_t t = t0; t < t1; ++t) {

@@ -354,3 +354,15 @@ def test_int8_load_tiles_the_bundled_model():
     loaded = load_model("smollm2-135m", blocks=True, int8=True)
     quant = [w for w in loaded.weights.values() if isinstance(w, QuantTensor)]
     assert quant and all(w.int8 and all(p.dim() == 3 for p in w.parts) for w in quant)
+
+
+def test_tiling_in_chunks_gives_the_same_tiles_and_reports_what_it_read():
+    """tile_int8 copies chunk_rows rows at a time (the loader drops each chunk's file pages):
+    the same tiles as in one go, and read() told of every byte of the tiled rows, in order."""
+    raw, _ = _case("Q4_1", 53, 96, seed=2)  # 48 rows in tiles, 5 past them
+    whole, chunked = _tiled(raw, "Q4_1", 96), QuantTensor([torch.from_numpy(raw)], [BY_NAME["Q4_1"]], 96)
+    seen = []
+    chunked.tile_int8(read=lambda i, a, b: seen.append((i, a, b)), chunk_rows=16)
+    assert all(torch.equal(a, b) for a, b in zip(whole.parts, chunked.parts)) and len(chunked.parts) == 2
+    rb = raw.shape[1]
+    assert seen == [(0, 0, 16 * rb), (0, 16 * rb, 32 * rb), (0, 32 * rb, 48 * rb)]

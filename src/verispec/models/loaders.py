@@ -245,9 +245,9 @@ def load_gguf_blocks(path: Path, int8: bool = False) -> LoadedModel:
             parts.append(torch.from_numpy(data))
             types.append(type_)
         q = QuantTensor(parts, types, width)
-        if int8:
-            q.tile_int8()
-            for name in names:
+        if int8:  # each chunk's file pages dropped once it is copied into tiles
+            q.tile_int8(read=lambda i, start, end: _forget_pages(mapped, table[names[i]][2] + start, end - start))
+            for name in names:  # and what stayed as stored (read again from the file where used)
                 _, _, offset, nbytes = table[name]
                 _forget_pages(mapped, offset, nbytes)
         return q

@@ -11,6 +11,8 @@ Q4_K q and k, as Q4_K_M files have.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import torch
 
@@ -91,18 +93,31 @@ class QuantTensor:
     def is_contiguous(self) -> bool:
         return True
 
-    def tile_int8(self) -> None:
-        """Switch to int8 activations and lay the 32-weight block parts (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) out as tiles of 16 rows
-        (kernels/tile8.h: the same results as the file's rows, several times less float work a
-        row). A part's last rows past a whole 16 stay a part of their own, as stored."""
+    def tile_int8(self, read: Callable[[int, int, int], None] | None = None, chunk_rows: int = 1024) -> None:
+        """Switch to int8 activations and lay the 32-weight block parts (Q4_0, Q4_1, Q5_0, Q5_1,
+        Q8_0) out as tiles of 16 rows (kernels/tile8.h: the same results as the file's rows,
+        several times less float work a row). A part's last rows past a whole 16 stay a part of
+        their own, as stored. Tiled chunk_rows rows at a time; read(p, start, end) is told after
+        each chunk that bytes [start, end) of part p have been copied (the loader drops the file's
+        pages of them, so that the file and its copy are never resident whole together)."""
         k = _kernel()
         if k is None:
             raise UnsupportedModelError("int8 activations need the row-wise kernels")
+        chunk_rows = max(TILE_ROWS, chunk_rows // TILE_ROWS * TILE_ROWS)
         parts, types = [], []
-        for p, t in zip(self.parts, self.types):
+        for i, (p, t) in enumerate(zip(self.parts, self.types)):
             whole = p.shape[0] // TILE_ROWS * TILE_ROWS if t in TILE_FORMATS and p.dim() == 2 else 0
             if whole:
-                parts.append(k.tile_weight(p[:whole], t))
+                out = None
+                for r0 in range(0, whole, chunk_rows):
+                    r1 = min(whole, r0 + chunk_rows)
+                    tiles = k.tile_weight(p[r0:r1], t)  # [(r1 - r0) / 16, blocks, tile block bytes]
+                    if out is None:
+                        out = torch.empty((whole // TILE_ROWS, *tiles.shape[1:]), dtype=torch.uint8)
+                    out[r0 // TILE_ROWS : r1 // TILE_ROWS] = tiles
+                    if read is not None:
+                        read(i, r0 * p.shape[1], r1 * p.shape[1])
+                parts.append(out)
                 types.append(t)
             if whole < p.shape[0]:
                 parts.append(p[whole:])

@@ -366,3 +366,31 @@ def test_tiling_in_chunks_gives_the_same_tiles_and_reports_what_it_read():
     assert all(torch.equal(a, b) for a, b in zip(whole.parts, chunked.parts)) and len(chunked.parts) == 2
     rb = raw.shape[1]
     assert seen == [(0, 0, 16 * rb), (0, 16 * rb, 32 * rb), (0, 32 * rb, 48 * rb)]
+
+
+def test_eagle3_on_int8_drafts_with_an_int8_head_and_stays_exact():
+    """A target on gguf-int8 gets an EAGLE head whose products are int8 too (its matrices rounded to
+    Q8_0 tiles): close to the float16 head's logits, not the same, and the speculative output is
+    still the target's plain decoding."""
+    from verispec import LLM, SamplingParams
+    from verispec.engine.backends import RunnerConfig, build_runner
+    from verispec.models.eagle import EagleHead
+    from verispec.models.eagle_io import load_head
+    from verispec.proposers.eagle import bundled_head
+
+    target = build_runner("torch", RunnerConfig("smollm2-135m", weights_format="gguf-int8"))
+    hc, w = load_head(bundled_head(target), target.config.hidden_size, target.vocab_size)
+    heads = [EagleHead(hc, w, target.embed, None, int8=i8) for i8 in (False, True)]
+    assert heads[1].products["lm_head"][0][1] == [8 + INT8] and heads[0].products["lm_head"][0][1] != [8 + INT8]
+    states = torch.randn(4, 3 * target.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    tokens = torch.tensor([5, 17, 200, 31])
+    a, b = (h.forward(states, tokens, h.new_cache(16), True)[0] for h in heads)
+    assert not torch.equal(a, b)
+    assert torch.nn.functional.cosine_similarity(a, b, dim=-1).min() > 0.99
+
+    msgs = [[{"role": "user", "content": "Explain how a bicycle works."}], [{"role": "user", "content": "Write a short poem about rain."}]]
+    params = SamplingParams(max_tokens=64, temperature=0.0)
+    plain = [o.outputs[0].token_ids for o in LLM("smollm2-135m", weights_format="gguf-int8").chat(msgs, params)]
+    spec = LLM("smollm2-135m", weights_format="gguf-int8",
+               speculative={"method": "eagle3", "num_speculative_tokens": 5, "adaptive_k": False})
+    assert [o.outputs[0].token_ids for o in spec.chat(msgs, params)] == plain

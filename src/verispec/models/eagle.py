@@ -33,13 +33,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from verispec.models import rowwise
 from verispec.models.config import RopeConfig
 from verispec.models.kv_cache import KVCache
-from verispec.models.quant import BF16, F16, FORMATS
+from verispec.models.quant import BF16, F16, FORMATS, INT8, TILE_ROWS
 from verispec.models.transformer import RopeTable
 
 KERNEL_ROWS = 16  # drafting steps and short updates: the kernel's products; more rows: torch's
@@ -88,9 +89,12 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 class EagleHead:
     """A head's weights (published names, float32) and its forward."""
 
-    def __init__(self, config: HeadConfig, weights: dict[str, torch.Tensor], embed, lm_head: torch.Tensor | None = None) -> None:
+    def __init__(self, config: HeadConfig, weights: dict[str, torch.Tensor], embed, lm_head: torch.Tensor | None = None,
+                 int8: bool = False) -> None:
         """`embed`: token ids [T] -> the target's embeddings [T, H] (used when the checkpoint has
-        none); `lm_head`: the target's [vocab, H] (EAGLE-1/2 heads without their own)."""
+        none); `lm_head`: the target's [vocab, H] (EAGLE-1/2 heads without their own); `int8`: the
+        kernel's products over the matrices rounded to Q8_0 with int8 activations (a target on
+        gguf-int8 drafts in its arithmetic; other drafts, verified losslessly all the same)."""
         self.config = config
         self.w = weights
         self._embed = embed
@@ -101,7 +105,7 @@ class EagleHead:
         d2t = weights.get("d2t")
         self.target_ids = torch.arange(config.draft_vocab_size) + (d2t if d2t is not None else 0)  # [draft_vocab]
         self.kernel = rowwise.kernel() if self.lm_head.device.type == "cpu" else None
-        self.products = kernel_weights(self) if self.kernel is not None else {}
+        self.products = kernel_weights(self, int8) if self.kernel is not None else {}
 
     def kernel_project(self, x: torch.Tensor, key: str) -> torch.Tensor | None:
         """x [..., in] times the stacked matrices `key` (FUSED, or one weight's name prefix / "lm_head")
@@ -155,9 +159,16 @@ class EagleHead:
         return logits(self, pre if logit_rows is None else pre[-logit_rows:]), pre
 
 
-def _part(w: torch.Tensor) -> tuple[torch.Tensor, int]:
+def _part(w: torch.Tensor, int8: bool = False) -> tuple[torch.Tensor, int]:
     """A float32 matrix as a kernel Weight part: its float16 or bfloat16 bytes where those hold
-    exactly its values (a checkpoint stored so), else itself."""
+    exactly its values (a checkpoint stored so), else itself; with int8, rounded to Q8_0 blocks
+    laid out as tiles for int8 activations (models/quant.py's tile_int8) where its shape allows."""
+    if int8 and w.shape[0] % TILE_ROWS == 0 and w.shape[1] % 32 == 0:
+        import gguf
+
+        blocks = gguf.quants.quantize(w.float().numpy(), gguf.GGMLQuantizationType.Q8_0)  # [rows, row bytes]
+        q8 = 8
+        return rowwise.kernel().tile_weight(torch.from_numpy(np.ascontiguousarray(blocks)), q8), q8 + INT8
     for dtype, code in ((torch.float16, F16), (torch.bfloat16, BF16)):
         narrow = w.to(dtype)
         if torch.equal(narrow.float(), w) and w.shape[1] % FORMATS[code][1] == 0:
@@ -165,7 +176,7 @@ def _part(w: torch.Tensor) -> tuple[torch.Tensor, int]:
     return w.float().contiguous(), 0
 
 
-def kernel_weights(head: "EagleHead") -> dict[str, tuple[tuple[list[torch.Tensor], list[int]], torch.Tensor | None]]:
+def kernel_weights(head: "EagleHead", int8: bool = False) -> dict[str, tuple[tuple[list[torch.Tensor], list[int]], torch.Tensor | None]]:
     """The head's matrices as kernel Weights: key -> ((parts, types), bias or None)."""
     w = head.w
     groups = {**FUSED, "fc": ("fc",), "o": ("midlayer.self_attn.o_proj",), "down": ("midlayer.mlp.down_proj",)}
@@ -173,12 +184,12 @@ def kernel_weights(head: "EagleHead") -> dict[str, tuple[tuple[list[torch.Tensor
     for key, names in groups.items():
         if not all(f"{n}.weight" in w for n in names):
             continue
-        parts, types = zip(*(_part(w[f"{n}.weight"]) for n in names))
+        parts, types = zip(*(_part(w[f"{n}.weight"], int8) for n in names))
         biases = [w.get(f"{n}.bias") for n in names]
         bias = None if all(b is None for b in biases) else torch.cat(
             [b if b is not None else torch.zeros(w[f"{n}.weight"].shape[0]) for b, n in zip(biases, names)])
         out[key] = ((list(parts), list(types)), bias)
-    lm_part, lm_type = _part(head.lm_head)
+    lm_part, lm_type = _part(head.lm_head, int8)
     out["lm_head"] = (([lm_part], [lm_type]), None)
     return out
 

@@ -103,7 +103,7 @@ class EagleProposer:
         if hc.kind == "eagle1" and "lm_head.weight" not in weights:
             lm = target.model.lm_head
             lm_head = (lm.dequantize() if hasattr(lm, "dequantize") else lm).float()
-        head = EagleHead(hc, weights, target.embed, lm_head)
+        head = EagleHead(hc, weights, target.embed, lm_head, int8=getattr(target, "weights_format", "") == "gguf-int8")
         layers = hc.aux_layers or default_aux_layers(target.config.num_layers)
         if hc.kind == "eagle3" and max(layers) >= target.config.num_layers:
             raise IncompatibleDraftError(f"the head reads target layers {layers}; the target has {target.config.num_layers}")

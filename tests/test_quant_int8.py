@@ -17,16 +17,22 @@ BY_NAME = {name: t for t, (name, _, _) in FORMATS.items()}
 INT8_NAMES = sorted(FORMATS[t][0] for t in INT8_FORMATS)
 
 
-def _quantised_x(x: torch.Tensor) -> np.ndarray:
-    """x [R, in] float32 -> the values quant8.h multiplies by (q * d per 32-value block), float64:
-    a = max |x|, d = float32(a / 127), q = round-half-even(float32(x * float32(127 / a)))."""
+def _x_blocks(x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """x [R, in] float32 quantised as quant8.h does, per 32-value block: (q int64 [R, in / 32, 32],
+    d float32 [R, in / 32]); a = max |x|, d = float32(a / 127), q = round-half-even(float32(x * float32(127 / a)))."""
     xb = x.numpy().astype(np.float32).reshape(x.shape[0], -1, 32)
-    a = np.abs(xb).max(axis=2, keepdims=True)
+    a = np.abs(xb).max(axis=2)
     with np.errstate(divide="ignore", invalid="ignore"):
         d = np.where(a > 0, a / np.float32(127), np.float32(0)).astype(np.float32)
         inv = np.where(a > 0, np.float32(127) / a, np.float32(0)).astype(np.float32)
-    q = np.clip(np.rint((xb * inv).astype(np.float32)), -127, 127)
-    return (q.astype(np.float64) * d.astype(np.float64)).reshape(x.shape)
+    q = np.clip(np.rint((xb * inv[..., None]).astype(np.float32)), -127, 127).astype(np.int64)
+    return q, d
+
+
+def _quantised_x(x: torch.Tensor) -> np.ndarray:
+    """x [R, in] float32 -> the values quant8.h multiplies by (q * d per 32-value block), float64."""
+    q, d = _x_blocks(x)
+    return (q.astype(np.float64) * d[..., None].astype(np.float64)).reshape(x.shape)
 
 
 def _dequantised(raw: np.ndarray, fmt: str, cols: int) -> np.ndarray:
@@ -227,12 +233,10 @@ def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     return (a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)).astype(np.float32)
 
 
-def _blockwise_reference(raw: np.ndarray, fmt: str, x: torch.Tensor) -> np.ndarray:
-    """tile8.h's arithmetic in numpy, bit for bit: x quantised per 32 values (d = a / 127,
-    q = round-half-even(x * (127 / a)), S = sum q); per block in order acc = fma(float(i), ws * d,
-    acc), then (Q4_1) acc = fma(wm, d * float(S), acc), i = sum of w * q in integers."""
-    rows, cols = raw.shape[0], x.shape[1]
-    nb, nbytes = cols // 32, FORMATS[BY_NAME[fmt]][2]
+def _block_weights(raw: np.ndarray, fmt: str, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """A 32-weight format's rows as (w int64 [rows, blocks, 32] (offset taken off), ws float32
+    [rows, blocks], wm float32 [rows, blocks] or None)."""
+    rows, nb, nbytes = raw.shape[0], cols // 32, FORMATS[BY_NAME[fmt]][2]
     blk = raw.reshape(rows, nb, nbytes)
     with_min = fmt in ("Q4_1", "Q5_1")
     ws = blk[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # [rows, nb]
@@ -248,15 +252,18 @@ def _blockwise_reference(raw: np.ndarray, fmt: str, x: torch.Tensor) -> np.ndarr
             qh = blk[:, :, head : head + 4].copy().view(np.uint32).astype(np.int64)  # [rows, nb, 1]
             w = w | (((qh >> np.arange(32)) & 1) << 4)
         w = w - (0 if with_min else 16 if five else 8)
-    xb = x.numpy().astype(np.float32).reshape(x.shape[0], nb, 32)
-    a = np.abs(xb).max(axis=2)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        d = np.where(a > 0, a / np.float32(127), 0).astype(np.float32)  # [R, nb]
-        inv = np.where(a > 0, np.float32(127) / a, 0).astype(np.float32)
-    q = np.clip(np.rint((xb * inv[..., None]).astype(np.float32)), -127, 127).astype(np.int64)
+    return w, ws, wm
+
+
+def _blockwise_reference(raw: np.ndarray, fmt: str, x: torch.Tensor) -> np.ndarray:
+    """tile8.h's arithmetic in numpy, bit for bit: x quantised per 32 values (d = a / 127,
+    q = round-half-even(x * (127 / a)), S = sum q); per block in order acc = fma(float(i), ws * d,
+    acc), then (Q4_1, Q5_1) acc = fma(wm, d * float(S), acc), i = sum of w * q in integers."""
+    w, ws, wm = _block_weights(raw, fmt, x.shape[1])
+    q, d = _x_blocks(x)  # [R, nb, 32], [R, nb]
     sxb = (d * q.sum(axis=2).astype(np.float32)).astype(np.float32)
-    acc = np.zeros((x.shape[0], rows), np.float32)
-    for b in range(nb):
+    acc = np.zeros((x.shape[0], raw.shape[0]), np.float32)
+    for b in range(w.shape[1]):
         i = (q[:, b, :] @ w[:, b, :].T).astype(np.float32)  # [R, rows], exact integers
         acc = _fma32(i, (ws[None, :, b] * d[:, b, None]).astype(np.float32), acc)
         if wm is not None:
@@ -300,18 +307,10 @@ def test_the_blockwise_reference_sees_scales_applied_per_group():
     x = torch.randn(3, 256, generator=torch.Generator().manual_seed(3))
     want = _blockwise_reference(raw, "Q4_1", x)
     # the per-group arithmetic of these very weights, computed in numpy: lanes of 4 weights
-    nb = 8
-    blk = raw.reshape(16, nb, 20)
-    ws = blk[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    wm = blk[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-    qs = blk[:, :, 4:].astype(np.int64)
-    w = np.concatenate([qs & 15, qs >> 4], axis=2)
-    xb = x.numpy().reshape(3, nb, 32)
-    a = np.abs(xb).max(axis=2)
-    d, inv = (a / np.float32(127)).astype(np.float32), (np.float32(127) / a).astype(np.float32)
-    xq = np.clip(np.rint((xb * inv[..., None]).astype(np.float32)), -127, 127).astype(np.int64)
+    w, ws, wm = _block_weights(raw, "Q4_1", 256)
+    xq, d = _x_blocks(x)
     lanes = np.zeros((3, 16, 8), np.float32)
-    for b in range(nb):
+    for b in range(w.shape[1]):
         for g in range(8):
             i = (xq[:, b, 4 * g : 4 * g + 4] @ w[:, b, 4 * g : 4 * g + 4].T).astype(np.float32)
             lanes[:, :, g] = _fma32(i, (ws[None, :, b] * d[:, b, None]).astype(np.float32), lanes[:, :, g])

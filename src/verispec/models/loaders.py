@@ -247,7 +247,7 @@ def load_gguf_blocks(path: Path, int8: bool = False) -> LoadedModel:
         q = QuantTensor(parts, types, width)
         if int8:  # each chunk's file pages dropped once it is copied into tiles
             q.tile_int8(read=lambda i, start, end: _forget_pages(mapped, table[names[i]][2] + start, end - start))
-            for name in names:  # and what stayed as stored (read again from the file where used)
+            for name in names:  # and the pages astride two chunks, which neither chunk's range held whole
                 _, _, offset, nbytes = table[name]
                 _forget_pages(mapped, offset, nbytes)
         return q

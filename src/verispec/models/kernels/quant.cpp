@@ -87,7 +87,6 @@ Props props(int64_t type) {
         for (int R = 1; R <= 8; ++R) p.range8[R] = kRange<T, false, const vs::XQ&>[R], p.tail8[R] = kRange<T, true, const vs::XQ&>[R];
     if constexpr (vs::Tile<T>::kDefined)  // per block (tile8.h): outputs one at a time over the file's rows, or tiles
       if (int8) {
-        p.blockwise = true;
         p.tile_bytes = vs::Tile<T>::kTile;
         p.untile = vs::untile_row<T>;
         for (int R = 1; R <= 8; ++R) p.range8[R] = p.tail8[R] = kBlockRange<T>[R], p.tiles8[R] = kTileRange<T>[R];
@@ -108,7 +107,7 @@ int64_t part_rows(const at::Tensor& t) { return t.dim() == 3 ? t.size(0) * vs::k
 const uint8_t* part_data(const at::Tensor& t, int64_t type, const Props& f, int64_t in) {
   TORCH_CHECK(in % f.elems == 0, "weight format ", type, ": ", in, " columns are not whole blocks of ", f.elems);
   if (t.dim() == 3) {  // tiles (tile8.h)
-    TORCH_CHECK(f.tile_bytes > 0, "a tiled part (3-D) must be a 32-weight format (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) with int8 activations (type + ", 256,
+    TORCH_CHECK(f.blockwise(), "a tiled part (3-D) must be a 32-weight format (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) with int8 activations (type + ", 256,
                 "), got type ", type);
     TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == at::kByte && t.size(1) == in / 32 &&
                     t.size(2) == f.tile_bytes,
@@ -167,7 +166,7 @@ void Product::share(int64_t t, int64_t n) const {
                     const_cast<float*>(sx_.data()) + r0 * g, const_cast<int32_t*>(s_.data()) + r0 * g, n64_,
                     const_cast<int32_t*>(sb_.data()) + r0 * n64_ / 32, const_cast<float*>(sxb_.data()) + r0 * n64_ / 32};
     // outputs a block: a tile's 16, one for tile8.h's arithmetic over the file's rows, else ops.h's blocking
-    const auto per_block = [&](const auto& p) -> int64_t { return p.tiled ? vs::kTileRows : p.f.blockwise ? 1 : kOB[rn]; };
+    const auto per_block = [&](const auto& p) -> int64_t { return p.tiled ? vs::kTileRows : p.f.blockwise() ? 1 : kOB[rn]; };
     // every part's whole output blocks as one range (a fused q/k/v split once, not three times),
     // at least 8 blocks a thread
     int64_t blocks = 0;

@@ -36,10 +36,10 @@ struct Props {
   RangeFn<const float*> range[9] = {}, tail[9] = {};
   RangeFn<const vs::XQ&> range8[9] = {}, tail8[9] = {};
   void (*unpack)(const uint8_t*, float*, int64_t) = nullptr;
-  // int8 activations with per-block float work (tile8.h): range8 goes one output at a time over
-  // the file's rows, tiles8 over tiles of 16 outputs; untile gives a tiled output's file bytes
-  bool blockwise = false;
+  // int8 activations with per-block float work (tile8.h; tile_bytes > 0): range8 goes one output
+  // at a time over the file's rows, tiles8 over tiles of 16 outputs; untile gives a tiled output's file bytes
   int64_t tile_bytes = 0;
+  bool blockwise() const { return tile_bytes > 0; }
   RangeFn<const vs::XQ&> tiles8[9] = {};
   void (*untile)(const uint8_t*, int64_t, int64_t, uint8_t*) = nullptr;
 };

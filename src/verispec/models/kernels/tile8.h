@@ -7,9 +7,9 @@
 // row, over the row's blocks b = 0, 1, ... in order, acc starting at +0:
 //   i   = sum over the block of w_k * q_k              (integers, exact)
 //   acc = fma(float(i), ws * d, acc)
-//   acc = fma(wm, d * float(S), acc)                   (Q4_1 only; d * float(S) is XQ's sxb)
-// y = acc. w_k: Q4_0 the 4-bit quant - 8, Q4_1 the 4-bit quant, Q8_0 the int8 quant; ws, wm: the
-// block's float16 scale and min. One product and one or two fused multiply-adds per block and
+//   acc = fma(wm, d * float(S), acc)                   (Q4_1, Q5_1; d * float(S) is XQ's sxb)
+// y = acc. w_k: Q4_0 the 4-bit quant - 8, Q4_1 the 4-bit quant, Q5_0 the 5-bit quant - 16, Q5_1
+// the 5-bit quant, Q8_0 the int8 quant; ws, wm: the block's float16 scale and min. One product and one or two fused multiply-adds per block and
 // row, where quant8.h's arithmetic spends about four operations per 4 weights and row.
 //
 // Two layouts, the same results:
@@ -42,9 +42,10 @@ struct Tile {
 template <bool Min, bool Five = false>
 struct Q4Tile {  // Q4_0 (w = q - 8, scale d), Q4_1 (w = q, scale d, min m); Five: Q5_0 (w = q - 16), Q5_1 (w = q)
   static constexpr bool kDefined = true, kMin = Min, kSigned = false;
-  static constexpr int kHead = (Min ? 4 : 2) + (Five ? 4 : 0), kBytes = kHead + 16, kTile = 16 * kBytes;
+  static constexpr int kQh = Min ? 4 : 2;  // a file block: d (and m), the fifth bits (Five), the quants
+  static constexpr int kHead = kQh + (Five ? 4 : 0), kBytes = kHead + 16, kTile = 16 * kBytes;
   static constexpr int kOffset = Min ? 0 : Five ? 16 : 8;  // the tile's u are the raw quants
-  static constexpr int kRawOffset = kOffset;
+  static constexpr int kRawOffset = kOffset;  // the same where the quants enter the dot products as stored (AMX)
   static constexpr int kScales = Min ? 64 : 32;           // a tile block: scales (and mins), fifth bits, quants
   static constexpr int kQuants = kScales + (Five ? 64 : 0);
   static int w(const uint8_t* blk, int k) {
@@ -52,9 +53,9 @@ struct Q4Tile {  // Q4_0 (w = q - 8, scale d), Q4_1 (w = q, scale d, min m); Fiv
     if constexpr (Five) u |= ((qh(blk) >> k) & 1) << 4;
     return u - kOffset;
   }
-  static uint32_t qh(const uint8_t* blk) {  // the fifth bits: after d (and m)
+  static uint32_t qh(const uint8_t* blk) {  // the fifth bits
     uint32_t h;
-    std::memcpy(&h, blk + (Min ? 4 : 2), 4);
+    std::memcpy(&h, blk + kQh, 4);
     return h;
   }
   // the fifth bits in a tile block: 8 words of 64 bits, bit 4j + i of word g for weight 4g + i of output j
@@ -69,33 +70,29 @@ struct Q4Tile {  // Q4_0 (w = q - 8, scale d), Q4_1 (w = q, scale d, min m); Fiv
   }
   static float ws(const uint8_t* blk) { return half_at(blk); }
   static float wm(const uint8_t* blk) { return Min ? half_at(blk + 2) : 0.0f; }
-  static uint8_t* quant_byte(uint8_t* tb, int j, int k, int& shift) {  // where weight k of output j lies in a tile block
-    shift = (k % 8) >= 4 ? 4 : 0;
-    return tb + kQuants + 64 * (k / 8) + 4 * j + k % 4;
-  }
+  // where weight k of output j lies in a tile block: its byte, and the nibble's shift there
+  static int quant_at(int j, int k) { return kQuants + 64 * (k / 8) + 4 * j + k % 4; }
+  static int quant_shift(int k) { return (k % 8) >= 4 ? 4 : 0; }
   static void pack(const uint8_t* blk, int j, uint8_t* tb) {
     std::memcpy(tb + 2 * j, blk, 2);
     if (Min) std::memcpy(tb + 32 + 2 * j, blk + 2, 2);
     for (int k = 0; k < 32; ++k) {
       const int u = w(blk, k) + kOffset;
-      int shift;
-      uint8_t* p = quant_byte(tb, j, k, shift);
-      *p = static_cast<uint8_t>(*p | ((u & 15) << shift));
+      tb[quant_at(j, k)] = static_cast<uint8_t>(tb[quant_at(j, k)] | ((u & 15) << quant_shift(k)));
       if (Five && (u & 16)) set_fifth(tb, j, k);
     }
   }
   static void unpack(const uint8_t* tb, int j, uint8_t* blk) {
     std::memcpy(blk, tb + 2 * j, 2);
     if (Min) std::memcpy(blk + 2, tb + 32 + 2 * j, 2);
-    std::memset(blk + (Min ? 4 : 2), 0, kBytes - (Min ? 4 : 2));
+    std::memset(blk + kQh, 0, kBytes - kQh);
     uint32_t h = 0;
     for (int k = 0; k < 32; ++k) {
-      int shift;
-      const uint8_t u = (*quant_byte(const_cast<uint8_t*>(tb), j, k, shift) >> shift) & 15;
+      const uint8_t u = (tb[quant_at(j, k)] >> quant_shift(k)) & 15;
       blk[kHead + k % 16] = static_cast<uint8_t>(blk[kHead + k % 16] | (k < 16 ? u : u << 4));
       if constexpr (Five) h |= static_cast<uint32_t>(fifth(tb, j, k)) << k;
     }
-    if constexpr (Five) std::memcpy(blk + (Min ? 4 : 2), &h, 4);
+    if constexpr (Five) std::memcpy(blk + kQh, &h, 4);
   }
   VS_ALWAYS_INLINE static void load(const uint8_t* tb, Q64* u, V& s, V& m) {
     s = half16(tb);
@@ -145,6 +142,15 @@ struct Tile<Q8_0> {  // w = q (int8), scale d
     for (int g = 0; g < 8; ++g) u[g] = kDotUnsigned ? flip_sign(q64_load(tb + 32 + 64 * g)) : q64_load(tb + 32 + 64 * g);
   }
 };
+
+// the arithmetic's float steps for block b of row r: i its 16 outputs' integer dot products
+// (before the offset), ws / wm their scales and mins; tile_range and tile_range_amx share it
+template <class F, int Offset>
+VS_ALWAYS_INLINE inline void block_acc(const XQ& xq, int64_t b, int r, I16 i, V ws, V wm, V& acc) {
+  if constexpr (Offset != 0) i = sub_all(i, Offset * xq.sb[r * (xq.n / 32) + b]);
+  acc = fmadd(to_float(i), mul(ws, set1(xq.dx[r * (xq.n / 4) + 8 * b])), acc);
+  if constexpr (F::kMin) acc = fmadd(wm, set1(xq.sxb[r * (xq.n / 32) + b]), acc);
+}
 
 }  // namespace vs
 
@@ -200,7 +206,7 @@ inline void tile_range(const XQ& xq, const uint8_t* __restrict w, float* __restr
     if (amx_ready()) return tile_range_amx<T, R>(xq, w, y, in, ldy, t0, t1);
 #endif
   using F = Tile<T>;
-  const int64_t nb = in / 32, xg = xq.n / 4, xb = xq.n / 32;
+  const int64_t nb = in / 32;
   for (int64_t t = t0; t < t1; ++t) {
     const uint8_t* tile = w + t * nb * F::kTile;
     V acc[R];
@@ -221,10 +227,7 @@ inline void tile_range(const XQ& xq, const uint8_t* __restrict w, float* __restr
           if constexpr (F::kSigned) i0 = dot4s_acc(i0, u[g], x4[g]), i1 = dot4s_acc(i1, u[g + 1], x4[g + 1]);
           else i0 = dot4u_acc(i0, u[g], x4[g]), i1 = dot4u_acc(i1, u[g + 1], x4[g + 1]);
         }
-        I16 i = add(i0, i1);
-        if constexpr (F::kOffset != 0) i = sub_all(i, F::kOffset * xq.sb[r * xb + b]);
-        acc[r] = fmadd(to_float(i), mul(ws, set1(xq.dx[r * xg + 8 * b])), acc[r]);
-        if constexpr (F::kMin) acc[r] = fmadd(wm, set1(xq.sxb[r * xb + b]), acc[r]);
+        block_acc<F, F::kOffset>(xq, b, r, add(i0, i1), ws, wm, acc[r]);
       }
     }
     for (int r = 0; r < R; ++r) store(y + r * ldy + kTileRows * t, acc[r]);

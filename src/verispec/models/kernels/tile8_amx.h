@@ -45,9 +45,8 @@ inline void amx_configure(int R) {
 template <int T, int R>
 inline void tile_range_amx(const XQ& xq, const uint8_t* __restrict w, float* __restrict y, int64_t in, int64_t ldy, int64_t t0, int64_t t1) {
   using F = Tile<T>;
-  constexpr bool kSignedQuants = T == Q8_0;  // raw int8 quants: TDPBSSD, no offset
-  constexpr int kOffset = kSignedQuants ? 0 : F::kRawOffset;
-  const int64_t nb = in / 32, xg = xq.n / 4, xb = xq.n / 32;
+  constexpr bool kSignedQuants = T == Q8_0;  // raw int8 quants: TDPBSSD
+  const int64_t nb = in / 32;
   amx_configure(R);
   // the 4- and 5-bit quants unpacked to bytes two blocks ahead, into a ring of buffers: a tile
   // load of bytes stored just before waits for the stores (~4x slower, measured)
@@ -74,12 +73,7 @@ inline void tile_range_amx(const XQ& xq, const uint8_t* __restrict w, float* __r
       if constexpr (F::kMin) wm = half16(tb + 32);
       const int32_t* d = dots[b & 1];
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        I16 i = i16_load(d + 16 * r);
-        if constexpr (kOffset != 0) i = sub_all(i, kOffset * xq.sb[r * xb + b]);
-        acc[r] = fmadd(to_float(i), mul(ws, set1(xq.dx[r * xg + 8 * b])), acc[r]);
-        if constexpr (F::kMin) acc[r] = fmadd(wm, set1(xq.sxb[r * xb + b]), acc[r]);
-      }
+      for (int r = 0; r < R; ++r) block_acc<F, F::kRawOffset>(xq, b, r, i16_load(d + 16 * r), ws, wm, acc[r]);
     };
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* tb = tile + b * F::kTile;

@@ -39,6 +39,16 @@ struct XQ {
 
 inline int64_t padded64(int64_t in) { return (in + 63) / 64 * 64; }
 
+// s[g] = q[4g] + q[4g + 1] + q[4g + 2] + q[4g + 3] for the 8 groups of a 32-value block (integers)
+inline void group_sums(const int8_t* q, int32_t* s) {
+#if defined(VERISPEC_AVX512) || defined(VERISPEC_AVX2)
+  const __m256i pairs = _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(s), _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+#else
+  for (int g = 0; g < 8; ++g) s[g] = q[4 * g] + q[4 * g + 1] + q[4 * g + 2] + q[4 * g + 3];
+#endif
+}
+
 inline void quantize_rows(const float* x, int64_t rows, int64_t in, const XQ& xq) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * in;
@@ -51,12 +61,9 @@ inline void quantize_rows(const float* x, int64_t rows, int64_t in, const XQ& xq
         const float a = max_abs32(xb);
         if (a > 0.0f && a <= 3.4028235e38f) {
           d = a / 127.0f;
-          const float id = 127.0f / a;
-          for (int i = 0; i < 32; ++i) {
-            float v = std::nearbyint(xb[i] * id);  // FpMode: round to nearest even
-            v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
-            qb[i] = static_cast<int8_t>(v);
-          }
+          // q = round_even(x * id) clamped to [-127, 127] (a NaN, from 0 * an infinite id, to 0)
+          const V id = set1(127.0f / a), lo = set1(-127.0f), hi = set1(127.0f);
+          for (int i = 0; i < 32; i += 16) to_i8(min(hi, max(lo, round_even(mul(load(xb + i), id)))), qb + i);
         } else {  // zeros, or a non-finite value: q = 0 (and d NaN for the latter, so the product shows it)
           if (a != 0.0f) d = std::numeric_limits<float>::quiet_NaN();
           std::memset(qb, 0, 32);
@@ -64,13 +71,13 @@ inline void quantize_rows(const float* x, int64_t rows, int64_t in, const XQ& xq
       } else {
         std::memset(qb, 0, 32);
       }
+      const int64_t at = r * (xq.n / 4) + 8 * b;
+      group_sums(qb, xq.s + at);
       int32_t sum = 0;
       for (int g = 0; g < 8; ++g) {
-        const int64_t at = r * (xq.n / 4) + 8 * b + g;
-        const int32_t s = qb[4 * g] + qb[4 * g + 1] + qb[4 * g + 2] + qb[4 * g + 3];
-        xq.s[at] = s;
-        xq.dx[at] = d;
-        xq.sx[at] = d * static_cast<float>(s);
+        const int32_t s = xq.s[at + g];
+        xq.dx[at + g] = d;
+        xq.sx[at + g] = d * static_cast<float>(s);
         sum += s;
       }
       xq.sb[r * (xq.n / 32) + b] = sum;

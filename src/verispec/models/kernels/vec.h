@@ -91,13 +91,14 @@ inline void sum_block(const V* a, float* out) {
 }
 inline void prefetch(const float* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
 // Unpacking (quant.h): B16 is 16 bytes zero-extended to 32-bit lanes; bits(b, shift, mask) the
-// lanes ((b >> shift) & mask) as floats; from_i8 16 int8 as floats; word_bits bits first.. of w
+// lanes ((b >> shift) & mask) as floats; from_i8 16 int8 as floats (to_i8 back: integral lanes in [-128, 127], NaN to 0); word_bits bits first.. of w
 struct B16 { __m512i v; };
 inline B16 bytes16(const uint8_t* p) { return {_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))}; }
 inline V bits(B16 b, int shift, int mask) {
   return {_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srl_epi32(b.v, _mm_cvtsi32_si128(shift)), _mm512_set1_epi32(mask)))};
 }
 inline V from_i8(const int8_t* p) { return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))}; }
+inline void to_i8(V a, int8_t* p) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(a.v))); }  // NaN: 0x80000000, low byte 0
 inline V word_bits(uint32_t w, int first) {
   const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(first), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
   return {_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(static_cast<int>(w)), idx), _mm512_set1_epi32(1)))};
@@ -175,6 +176,11 @@ inline V from_i8(const int8_t* p) {
   return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))),
           _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8))))};
 }
+inline __m128i to_i16x8(__m256 a) {  // NaN lanes to 0 first (cvtt gives 0x80000000, which packs would saturate)
+  const __m256i i = _mm256_cvttps_epi32(_mm256_and_ps(a, _mm256_cmp_ps(a, a, _CMP_ORD_Q)));
+  return _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+}
+inline void to_i8(V a, int8_t* p) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm_packs_epi16(to_i16x8(a.lo), to_i16x8(a.hi))); }
 inline V word_bits(uint32_t w, int first) {
   const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(first), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   const __m256i ww = _mm256_set1_epi32(static_cast<int>(w)), one = _mm256_set1_epi32(1);
@@ -262,6 +268,11 @@ inline V from_i8(const int8_t* p) {
   for (int i = 0; i < 16; ++i) t[i] = static_cast<float>(p[i]);
   return load(t);
 }
+inline void to_i8(V a, int8_t* p) {  // vcvtq: NaN to 0
+  int16x8_t h[2];
+  for (int i = 0; i < 2; ++i) h[i] = vcombine_s16(vmovn_s32(vcvtq_s32_f32(a.q[2 * i])), vmovn_s32(vcvtq_s32_f32(a.q[2 * i + 1])));
+  vst1q_s8(p, vcombine_s8(vmovn_s16(h[0]), vmovn_s16(h[1])));
+}
 inline V word_bits(uint32_t w, int first) {
   float t[16];
   for (int i = 0; i < 16; ++i) t[i] = static_cast<float>((w >> (first + i)) & 1);
@@ -338,6 +349,7 @@ struct B16 { uint8_t b[16]; };
 inline B16 bytes16(const uint8_t* p) { B16 r; std::memcpy(r.b, p, 16); return r; }
 inline V bits(B16 b, int shift, int mask) { VS_EACH(static_cast<float>((b.b[i] >> shift) & mask)); }
 inline V from_i8(const int8_t* p) { VS_EACH(static_cast<float>(p[i])); }
+inline void to_i8(V a, int8_t* p) { for (int i = 0; i < 16; ++i) p[i] = a.l[i] == a.l[i] ? static_cast<int8_t>(a.l[i]) : 0; }
 inline V word_bits(uint32_t w, int first) { VS_EACH(static_cast<float>((w >> (first + i)) & 1)); }
 inline V iota() { VS_EACH(static_cast<float>(i)); }
 inline V lookup16(V t, B16 b, int shift) { VS_EACH(t.l[(b.b[i] >> shift) & 15]); }

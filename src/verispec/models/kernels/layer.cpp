@@ -10,8 +10,9 @@
 // Why one region: a layer called from Python cost ~16 us beyond its arithmetic (the arguments'
 // conversion, five parallel regions each waking the threads and joining them, allocations): half a
 // millisecond a token on a 30-layer model whose weights take 3 ms to read. Here the threads meet
-// at a barrier between steps (~10 a layer), the glue runs on one of them (omp single) and the
-// products and the attention are split between all (Product::share, AttentionRows::share).
+// at a barrier between steps (~10 a layer): the glue, and the quantisation of a product's input
+// for int8 activations (QuantRows), split by rows (each thread its own), the products by outputs
+// and the attention by (row, head) pairs (Product::share, AttentionRows::share).
 //
 // Rows: the segments of several sequences, segment s at rows [rows[s], rows[s + 1]) of x, its new
 // positions from starts[s], its cache's keys[s], values[s] ([layers, KVH, A, D]); parents[s] where
@@ -117,105 +118,115 @@ std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> Stack::forward(at::T
   for (size_t c = 0; c < capture.size(); ++c) captured.push_back(at::empty({N, hidden}, opts));
   float *X = x.data_ptr<float>(), *Hp = h.data_ptr<float>(), *Q = qkv.data_ptr<float>(), *At = attn.data_ptr<float>();
   float *Ap = a.data_ptr<float>(), *G = gu.data_ptr<float>(), *M = m.data_ptr<float>();
-  std::vector<AttentionRows> jobs(S);
-  std::optional<Product> product;  // the one product under way: made in a single, shared by all threads
+  float *Hn = hn.data_ptr<float>(), *P = picked.data_ptr<float>();
+  // each row's segment and its index there (the cache slot it writes)
+  std::vector<int64_t> seg_of(N), index_in(N);
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t r = rows[s]; r < (s + 1 < S ? rows[s + 1] : N); ++r) seg_of[r] = s, index_in[r] = r - rows[s];
+  // the products' inputs quantised for int8 activations, row by row by the thread that made them
+  bool any8 = head_ && head_->int8();
+  for (const Layer& W : layers_) any8 = any8 || W.qkv.int8() || W.o.int8() || W.gate_up.int8() || W.down.int8();
+  std::optional<QuantRows> hq, aq, mq, pq;  // of h (q/k/v, gate/up), attn (o), m (down), picked (the LM head)
+  if (any8) hq.emplace(N, hidden), aq.emplace(N, H * D), mq.emplace(N, I), pq.emplace(nl, hidden);
+  const auto xq = [](const WeightParts& w, std::optional<QuantRows>& q) { return w.int8() ? &*q : nullptr; };
 
-  // the rows' residual updates: y = norm(y) where a post-norm is given, then x += y
-  const auto residual = [&](const std::optional<at::Tensor>& post, float* y) {
-    for (int64_t r = 0; r < N; ++r) {
-      float* yr = y + r * hidden;
-      if (post) vs::rmsnorm(yr, ptr(post), yr, hidden, eps_);
-      for (int64_t j = 0; j < hidden; ++j) X[r * hidden + j] = X[r * hidden + j] + yr[j];
-    }
-  };
-  const auto norm_rows = [&](const at::Tensor& w) {
-    for (int64_t r = 0; r < N; ++r) vs::rmsnorm(X + r * hidden, w.data_ptr<float>(), Hp + r * hidden, hidden, eps_);
-  };
-
+  // The glue runs row by row, each thread over its own rows [r0, r1) (the products and the
+  // attention are split by outputs and by (row, head) instead), so a barrier separates each
+  // product from the glue before and after it.
 #pragma omp parallel num_threads(at::get_num_threads())
   {
     vs::FpMode mode;
-    const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
+    const int64_t t = omp_get_thread_num(), n = omp_get_num_threads(), r0 = N * t / n, r1 = N * (t + 1) / n;
     std::vector<float> tmp(D);
+    std::vector<AttentionRows> jobs(S);
+    // y = norm(y) where a post-norm is given, then x += y (a residual update)
+    const auto residual = [&](const std::optional<at::Tensor>& post, float* y) {
+      for (int64_t r = r0; r < r1; ++r) {
+        float* yr = y + r * hidden;
+        if (post) vs::rmsnorm(yr, ptr(post), yr, hidden, eps_);
+        for (int64_t j = 0; j < hidden; ++j) X[r * hidden + j] = X[r * hidden + j] + yr[j];
+      }
+    };
+    const auto norm_rows = [&](const float* w, float* out) {
+      for (int64_t r = r0; r < r1; ++r) vs::rmsnorm(X + r * hidden, w, out + r * hidden, hidden, eps_);
+    };
+    const auto quantize = [&](std::optional<QuantRows>& q, const WeightParts& w, const float* x) {
+      if (w.int8()) q->quantize(x, r0, r1);
+    };
     for (int64_t l = 0; l < L; ++l) {
       const Layer& W = layers_[l];
       // 1. the attention's input: the norm, then q/k/v
-#pragma omp single
-      {
-        if (l > 0) residual(layers_[l - 1].post_mlp_norm, Ap);  // the previous layer's MLP output
-        for (size_t c = 0; c < capture.size(); ++c)
-          if (capture[c] == l) std::copy(X, X + N * hidden, captured[c].data_ptr<float>());
-        norm_rows(W.attn_norm);
-        product.emplace(Hp, N, W.qkv, Q);
-      }
-      product->share(t, n);
+      if (l > 0) residual(layers_[l - 1].post_mlp_norm, Ap);  // the previous layer's MLP output
+      for (size_t c = 0; c < capture.size(); ++c)
+        if (capture[c] == l) std::copy(X + r0 * hidden, X + r1 * hidden, captured[c].data_ptr<float>() + r0 * hidden);
+      norm_rows(W.attn_norm.data_ptr<float>(), Hp);
+      quantize(hq, W.qkv, Hp);
+#pragma omp barrier
+      Product(Hp, N, W.qkv, Q, xq(W.qkv, hq)).share(t, n);
 #pragma omp barrier
       // 2. bias, q/k norms, RoPE, keys and values into each segment's cache
-#pragma omp single
-      {
-        const float* cs = (W.local ? cos_local : cos).data_ptr<float>();
-        const float* sn = (W.local ? sin_local : sin).data_ptr<float>();
-        for (int64_t r = 0; r < N; ++r) {
-          float* row = Q + r * width;
-          if (W.qkv_bias)
-            for (int64_t j = 0; j < width; ++j) row[j] = row[j] + ptr(W.qkv_bias)[j];
-          for (int64_t hh = 0; hh < QK; ++hh) {
-            float* v = row + hh * D;
-            if (W.qk_norm) vs::rmsnorm(v, ptr(W.qk_norm) + hh * D, v, D, eps_);
-            vs::rope(v, cs + r * D, sn + r * D, D, tmp.data());
-          }
+      const float* cs = (W.local ? cos_local : cos).data_ptr<float>();
+      const float* sn = (W.local ? sin_local : sin).data_ptr<float>();
+      for (int64_t r = r0; r < r1; ++r) {
+        float* row = Q + r * width;
+        if (W.qkv_bias)
+          for (int64_t j = 0; j < width; ++j) row[j] = row[j] + ptr(W.qkv_bias)[j];
+        for (int64_t hh = 0; hh < QK; ++hh) {
+          float* v = row + hh * D;
+          if (W.qk_norm) vs::rmsnorm(v, ptr(W.qk_norm) + hh * D, v, D, eps_);
+          vs::rope(v, cs + r * D, sn + r * D, D, tmp.data());
         }
-        for (int64_t s = 0; s < S; ++s) {
-          const int64_t r0 = rows[s], T = (s + 1 < S ? rows[s + 1] : N) - r0, A = keys[s].size(2);
-          float* kc = keys[s].data_ptr<float>() + l * KVH * A * D;
-          float* vc = values[s].data_ptr<float>() + l * KVH * A * D;
-          for (int64_t i = 0; i < T; ++i)
-            for (int64_t g = 0; g < KVH; ++g) {
-              const float* kr = Q + (r0 + i) * width + (H + g) * D;
-              const float* vr = Q + (r0 + i) * width + (QK + g) * D;
-              std::copy(kr, kr + D, kc + (g * A + starts[s] + i) * D);
-              std::copy(vr, vr + D, vc + (g * A + starts[s] + i) * D);
-            }
-          jobs[s] = AttentionRows{Q + r0 * width, width, kc, vc, At + r0 * H * D, T, H, KVH, D, A, starts[s], W.window, scale_,
-                                  parents[s] ? &paths[s] : nullptr, parents[s] ? &offsets[s] : nullptr};
+        const int64_t s = seg_of[r], A = keys[s].size(2), slot = starts[s] + index_in[r];
+        float* kc = keys[s].data_ptr<float>() + l * KVH * A * D;
+        float* vc = values[s].data_ptr<float>() + l * KVH * A * D;
+        for (int64_t g = 0; g < KVH; ++g) {
+          std::copy(row + (H + g) * D, row + (H + g + 1) * D, kc + (g * A + slot) * D);
+          std::copy(row + (QK + g) * D, row + (QK + g + 1) * D, vc + (g * A + slot) * D);
         }
       }
+      for (int64_t s = 0; s < S; ++s) {
+        const int64_t q0 = rows[s], T = (s + 1 < S ? rows[s + 1] : N) - q0, A = keys[s].size(2);
+        jobs[s] = AttentionRows{Q + q0 * width, width, keys[s].data_ptr<float>() + l * KVH * A * D,
+                                values[s].data_ptr<float>() + l * KVH * A * D, At + q0 * H * D, T, H, KVH, D, A, starts[s], W.window,
+                                scale_, parents[s] ? &paths[s] : nullptr, parents[s] ? &offsets[s] : nullptr};
+      }
+#pragma omp barrier
       // 3. attention, then its projection
       for (int64_t s = 0; s < S; ++s) jobs[s].share(t, n);
 #pragma omp barrier
-#pragma omp single
-      product.emplace(At, N, W.o, Ap);
-      product->share(t, n);
+      if (W.o.int8()) {
+        quantize(aq, W.o, At);
+#pragma omp barrier
+      }
+      Product(At, N, W.o, Ap, xq(W.o, aq)).share(t, n);
 #pragma omp barrier
       // 4. the MLP
-#pragma omp single
-      {
-        residual(W.post_attn_norm, Ap);
-        norm_rows(W.mlp_norm);
-        product.emplace(Hp, N, W.gate_up, G);
-      }
-      product->share(t, n);
+      residual(W.post_attn_norm, Ap);
+      norm_rows(W.mlp_norm.data_ptr<float>(), Hp);
+      quantize(hq, W.gate_up, Hp);
 #pragma omp barrier
-#pragma omp single
-      {
-        for (int64_t r = 0; r < N; ++r) vs::gated(G + r * 2 * I, G + r * 2 * I + I, M + r * I, I, gelu_);
-        product.emplace(M, N, W.down, Ap);
-      }
-      product->share(t, n);
+      Product(Hp, N, W.gate_up, G, xq(W.gate_up, hq)).share(t, n);
+#pragma omp barrier
+      for (int64_t r = r0; r < r1; ++r) vs::gated(G + r * 2 * I, G + r * 2 * I + I, M + r * I, I, gelu_);
+      quantize(mq, W.down, M);
+#pragma omp barrier
+      Product(M, N, W.down, Ap, xq(W.down, mq)).share(t, n);
 #pragma omp barrier
     }
     // 5. the final norm, and the LM head over the rows that want logits
-#pragma omp single
-    {
-      residual(layers_[L - 1].post_mlp_norm, Ap);
-      if (norm_) {
-        for (int64_t r = 0; r < N; ++r) vs::rmsnorm(X + r * hidden, norm_->data_ptr<float>(), hn.data_ptr<float>() + r * hidden, hidden, eps_);
-        for (int64_t i = 0; i < nl; ++i)
-          std::copy_n(hn.data_ptr<float>() + logit_rows[i] * hidden, hidden, picked.data_ptr<float>() + i * hidden);
-      }
-      if (nl) product.emplace(picked.data_ptr<float>(), nl, *head_, logits.data_ptr<float>());
+    residual(layers_[L - 1].post_mlp_norm, Ap);
+    if (norm_) {
+      norm_rows(norm_->data_ptr<float>(), Hn);
+      for (int64_t i = 0; i < nl; ++i)
+        if (logit_rows[i] >= r0 && logit_rows[i] < r1) {
+          std::copy_n(Hn + logit_rows[i] * hidden, hidden, P + i * hidden);
+          if (head_->int8()) pq->quantize(P, i, i + 1);
+        }
     }
-    if (nl) product->share(t, n);
+    if (nl) {
+#pragma omp barrier
+      Product(P, nl, *head_, logits.data_ptr<float>(), xq(*head_, pq)).share(t, n);
+    }
   }
   return {norm_ ? hn : x, logits, captured};
 }

@@ -286,7 +286,8 @@ inline void gated(const float* g, const float* u, float* y, int64_t n, bool gelu
 
 inline void rope(float* x, const float* cos, const float* sin, int64_t D, float* tmp) {
   const int64_t half = D / 2;
-  for (int64_t d = 0; d < D; ++d) tmp[d] = x[d] * cos[d] + x[(d + half) % D] * sin[d];
+  for (int64_t d = 0; d < half; ++d) tmp[d] = x[d] * cos[d] + x[d + half] * sin[d];
+  for (int64_t d = half; d < D; ++d) tmp[d] = x[d] * cos[d] + x[d - half] * sin[d];
   for (int64_t d = 0; d < D; ++d) x[d] = tmp[d];
 }
 

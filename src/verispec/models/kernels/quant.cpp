@@ -146,12 +146,30 @@ WeightParts::WeightParts(const Weight& w, int64_t in) : keep_(w), in_(in) {
   }
 }
 
-Product::Product(const float* x, int64_t R, const WeightParts& w, float* y) : x_(x), y_(y), R_(R), w_(w), n64_(vs::padded64(w.in_)) {
-  if (w.int8_) {  // int8 activations: every row of x quantised once (quant8.h)
-    q_.resize(R * n64_), dx_.resize(R * n64_ / 4), sx_.resize(R * n64_ / 4), s_.resize(R * n64_ / 4);
-    sb_.resize(R * n64_ / 32), sxb_.resize(R * n64_ / 32);
-    vs::FpMode mode;
-    vs::quantize_rows(x, R, w.in_, vs::XQ{q_.data(), dx_.data(), sx_.data(), s_.data(), n64_, sb_.data(), sxb_.data()});
+QuantRows::QuantRows(int64_t R, int64_t in) : in_(in), n64_(vs::padded64(in)) {
+  q_.resize(R * n64_), dx_.resize(R * n64_ / 4), sx_.resize(R * n64_ / 4), s_.resize(R * n64_ / 4);
+  sb_.resize(R * n64_ / 32), sxb_.resize(R * n64_ / 32);
+}
+
+void QuantRows::quantize(const float* x, int64_t r0, int64_t r1) {
+  if (r0 >= r1) return;
+  vs::FpMode mode;
+  vs::quantize_rows(x + r0 * in_, r1 - r0, in_, from(r0));
+}
+
+vs::XQ QuantRows::from(int64_t r0) const {
+  const int64_t g = n64_ / 4, b = n64_ / 32;
+  return vs::XQ{const_cast<int8_t*>(q_.data()) + r0 * n64_, const_cast<float*>(dx_.data()) + r0 * g,
+                const_cast<float*>(sx_.data()) + r0 * g, const_cast<int32_t*>(s_.data()) + r0 * g, n64_,
+                const_cast<int32_t*>(sb_.data()) + r0 * b, const_cast<float*>(sxb_.data()) + r0 * b};
+}
+
+Product::Product(const float* x, int64_t R, const WeightParts& w, float* y, const QuantRows* xq)
+    : x_(x), y_(y), R_(R), w_(w), xq_(xq) {
+  if (w.int8_ && !xq_) {  // int8 activations: every row of x quantised once (quant8.h)
+    own_.emplace(R, w.in_);
+    own_->quantize(x, 0, R);
+    xq_ = &*own_;
   }
 }
 
@@ -161,10 +179,7 @@ void Product::share(int64_t t, int64_t n) const {
     const int64_t in = w_.in_, out = w_.out_;
     const float* xr = x_ + r0 * in;
     float* yr = y_ + r0 * out;
-    const int64_t g = n64_ / 4;
-    const vs::XQ xq{const_cast<int8_t*>(q_.data()) + r0 * n64_, const_cast<float*>(dx_.data()) + r0 * g,
-                    const_cast<float*>(sx_.data()) + r0 * g, const_cast<int32_t*>(s_.data()) + r0 * g, n64_,
-                    const_cast<int32_t*>(sb_.data()) + r0 * n64_ / 32, const_cast<float*>(sxb_.data()) + r0 * n64_ / 32};
+    const vs::XQ xq = xq_ ? xq_->from(r0) : vs::XQ{};
     // outputs a block: a tile's 16, one for tile8.h's arithmetic over the file's rows, else ops.h's blocking
     const auto per_block = [&](const auto& p) -> int64_t { return p.tiled ? vs::kTileRows : p.f.blockwise() ? 1 : kOB[rn]; };
     // every part's whole output blocks as one range (a fused q/k/v split once, not three times),

@@ -51,6 +51,7 @@ class WeightParts {
  public:
   WeightParts(const Weight& w, int64_t in);
   int64_t rows() const { return out_; }
+  bool int8() const { return int8_; }  // some part multiplies with int8 activations (x quantised first: QuantRows)
 
  private:
   friend class Product;
@@ -66,15 +67,30 @@ class WeightParts {
   std::vector<Part> parts_;
 };
 
+// Rows of x [R, in] quantised for products with int8 activations (quant8.h's XQ arrays): made
+// once, filled row by row (quantize: rows r0..r1, so the threads of a region can each do theirs)
+class QuantRows {
+ public:
+  QuantRows(int64_t R, int64_t in);
+  void quantize(const float* x, int64_t r0, int64_t r1);  // x: the whole [R, in]
+  vs::XQ from(int64_t r0) const;                          // the arrays from row r0 on
+
+ private:
+  int64_t in_, n64_;
+  std::vector<int8_t> q_;
+  std::vector<float> dx_, sx_, sxb_;
+  std::vector<int32_t> s_, sb_;
+};
+
 // y [R, out] = x [R, in] @ unpacked(w)^T run by the threads of a parallel region (quant.cpp):
-// made by one thread (x quantised once for int8 activations), then share(t, n) by each thread t
-// of n: its consecutive output blocks of every 8-row pass (the single outputs past the last whole
-// block go to the last thread that has work). Threads share only x and y, and each (output, row)
-// pair is computed whole by one of them, so no value depends on the split. weight_mm is one in a
-// region of its own.
+// share(t, n) by each thread t of n: its consecutive output blocks of every 8-row pass (the single
+// outputs past the last whole block go to the last thread that has work). Threads share only x
+// and y, and each (output, row) pair is computed whole by one of them, so no value depends on the
+// split. For int8 activations x comes quantised (xq, from QuantRows::quantize of every row before
+// share), or, without xq, the constructor quantises it. weight_mm is one in a region of its own.
 class Product {
  public:
-  Product(const float* x, int64_t R, const WeightParts& w, float* y);
+  Product(const float* x, int64_t R, const WeightParts& w, float* y, const QuantRows* xq = nullptr);
   void share(int64_t t, int64_t n) const;
 
  private:
@@ -82,10 +98,8 @@ class Product {
   float* y_;
   int64_t R_;
   const WeightParts& w_;
-  int64_t n64_;
-  std::vector<int8_t> q_;  // x quantised (int8 activations): vs::XQ's arrays
-  std::vector<float> dx_, sx_, sxb_;
-  std::vector<int32_t> s_, sb_;
+  std::optional<QuantRows> own_;  // x quantised here (no xq given)
+  const QuantRows* xq_ = nullptr;
 };
 
 // y [R, out] = x [R, in] @ unpacked(w)^T, each value what rows_mm gives over the unpacked matrix

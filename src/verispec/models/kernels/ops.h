@@ -101,11 +101,17 @@ inline void score_block(const float* qs, const float* keys, int64_t j, int64_t D
 
 // scores[0..S) -> e^(s - max) in place (vs::exp, 16 lanes); returns their sum (16 lanes, then the tree)
 inline float softmax_weights(float* scores, int64_t S) {
-  float mx = -INFINITY;
-  for (int64_t j = 0; j < S; ++j) mx = scores[j] > mx ? scores[j] : mx;
+  // the largest score (NaNs passed over): 16 lanes, then across them and the tail
+  V lanes = set1(-INFINITY);
+  int64_t j = 0;
+  for (; j + 16 <= S; j += 16) lanes = max(load(scores + j), lanes);
+  float mx = -INFINITY, l[16];
+  store(l, lanes);
+  for (int i = 0; i < 16; ++i) mx = l[i] > mx ? l[i] : mx;
+  for (; j < S; ++j) mx = scores[j] > mx ? scores[j] : mx;
   const V vmx = set1(mx);
   V vsum = zero();
-  int64_t j = 0;
+  j = 0;
   for (; j + 16 <= S; j += 16) {
     const V e = exp(sub(load(scores + j), vmx));
     store(scores + j, e);

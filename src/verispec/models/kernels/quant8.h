@@ -39,13 +39,31 @@ struct XQ {
 
 inline int64_t padded64(int64_t in) { return (in + 63) / 64 * 64; }
 
-// s[g] = q[4g] + q[4g + 1] + q[4g + 2] + q[4g + 3] for the 8 groups of a 32-value block (integers)
-inline void group_sums(const int8_t* q, int32_t* s) {
+// a 32-value block's groups of 4: s[g] = q[4g] + .. + q[4g + 3] (integers), dx[g] = d, sx[g] =
+// d * float(s[g]); returns the block's sum of q
+inline int32_t group_sums(const int8_t* q, float d, int32_t* s, float* dx, float* sx) {
 #if defined(VERISPEC_AVX512) || defined(VERISPEC_AVX2)
-  const __m256i pairs = _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(s), _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+  // two 16-byte loads, as to_i8 stored them (one 32-byte load of two fresh stores waits for both)
+  const __m256i q32 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))),
+                                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)), 1);
+  const __m256i g = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q32), _mm256_set1_epi16(1));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(s), g);
+  const __m256 vd = _mm256_set1_ps(d);
+  _mm256_storeu_ps(dx, vd);
+  _mm256_storeu_ps(sx, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(g)));
+  __m128i h = _mm_add_epi32(_mm256_castsi256_si128(g), _mm256_extracti128_si256(g, 1));
+  h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+  h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+  return _mm_cvtsi128_si32(h);
 #else
-  for (int g = 0; g < 8; ++g) s[g] = q[4 * g] + q[4 * g + 1] + q[4 * g + 2] + q[4 * g + 3];
+  int32_t sum = 0;
+  for (int k = 0; k < 8; ++k) {
+    s[k] = q[4 * k] + q[4 * k + 1] + q[4 * k + 2] + q[4 * k + 3];
+    dx[k] = d;
+    sx[k] = d * static_cast<float>(s[k]);
+    sum += s[k];
+  }
+  return sum;
 #endif
 }
 
@@ -72,14 +90,7 @@ inline void quantize_rows(const float* x, int64_t rows, int64_t in, const XQ& xq
         std::memset(qb, 0, 32);
       }
       const int64_t at = r * (xq.n / 4) + 8 * b;
-      group_sums(qb, xq.s + at);
-      int32_t sum = 0;
-      for (int g = 0; g < 8; ++g) {
-        const int32_t s = xq.s[at + g];
-        xq.dx[at + g] = d;
-        xq.sx[at + g] = d * static_cast<float>(s);
-        sum += s;
-      }
+      const int32_t sum = group_sums(qb, d, xq.s + at, xq.dx + at, xq.sx + at);
       xq.sb[r * (xq.n / 32) + b] = sum;
       xq.sxb[r * (xq.n / 32) + b] = d * static_cast<float>(sum);
     }

@@ -393,3 +393,29 @@ def test_eagle3_on_int8_drafts_with_an_int8_head_and_stays_exact():
     spec = LLM("smollm2-135m", weights_format="gguf-int8",
                speculative={"method": "eagle3", "num_speculative_tokens": 5, "adaptive_k": False})
     assert [o.outputs[0].token_ids for o in spec.chat(msgs, params)] == plain
+
+
+def test_prompts_on_an_all_tile_model_take_the_decoding_rows_arithmetic():
+    """SmolLM2 on gguf-int8 is tiles throughout, so its prompts (shorter than TILED_PROMPT_ROWS) go
+    through the kernel's Stack: a prompt's keys, values and logits are bit for bit those of decoding
+    it token by token. Control: on the exact path a prompt of 48+ tokens takes another arithmetic."""
+    from verispec.models.registry import load_model
+    from verispec.models.transformer import PROMPT_ROWS, TILED_PROMPT_ROWS, Transformer
+
+    def prompt_and_tokens(tf):
+        prompt = torch.arange(100) + 7
+        whole, alone = tf.new_cache(128), tf.new_cache(128)
+        logits = tf.forward(prompt, whole).logits
+        for t in prompt:
+            last = tf.forward(t[None], alone).logits
+        same_kv = torch.equal(whole.keys[:, :, :100], alone.keys[:, :, :100]) and torch.equal(whole.values[:, :, :100], alone.values[:, :, :100])
+        return torch.equal(logits, last), same_kv
+
+    loaded = load_model("smollm2-135m", blocks=True, int8=True)
+    tiled = Transformer(loaded.config, loaded.weights)
+    assert tiled.stack_rows == TILED_PROMPT_ROWS
+    assert prompt_and_tokens(tiled) == (True, True)
+    loaded = load_model("smollm2-135m", blocks=True)
+    exact = Transformer(loaded.config, loaded.weights)
+    assert exact.stack_rows == PROMPT_ROWS
+    assert prompt_and_tokens(exact) == (False, False)

@@ -157,6 +157,12 @@ def _project(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None)
 
 
 PROMPT_ROWS = 48  # segments this long or longer are prompts: F.linear and SDPA's flash kernel
+# ... except on a model whose every matrix is tiles (gguf-int8's 32-weight formats): its prompts'
+# products are the decoding rows' own int8 products either way, and up to this many rows the
+# kernel's Stack (one call, the glue split by rows) beats the per-layer torch path (SmolLM2, ms for
+# 132 / 300 / 600 / 1,000 / 2,000 tokens: 44.8 / 111.8 / 279 / 553 / 1,633 against 65.0 / 143.1 /
+# 316 / 555 / 1,369: the row-wise attention's cost grows with the square of the length)
+TILED_PROMPT_ROWS = 640
 KERNEL_WIDTH = 8  # rows per pass of the row-wise kernel over the weights (kernels/rowwise.cpp)
 
 
@@ -310,6 +316,10 @@ class Transformer:
         # the row-wise kernel computes decoding rows where it can (float32 on the CPU: `_project`)
         self._kernel = rowwise.kernel() if self.dtype == torch.float32 and self.lm_head.device.type == "cpu" else None
         self.uses_kernel = self._kernel is not None
+        matrices = [m for L in self.layers for m in (L.qkv, L.o, L.gate_up, L.down)] + [self.lm_head]
+        all_tiles = all(isinstance(m, QuantTensor) and m.tiled for m in matrices)
+        # segments shorter than this go through the Stack (_forward_rows), longer ones through the layers in torch
+        self.stack_rows = TILED_PROMPT_ROWS if self.uses_kernel and all_tiles else PROMPT_ROWS
         # the layers as the kernel holds them (kernels/rowwise.h's Stack), handed over once
         self._stack = self._kernel_stack() if self.uses_kernel else None
         self.kernel_variant = self._kernel.variant() if self.uses_kernel else None  # avx512, avx2, neon, scalar
@@ -379,7 +389,7 @@ class Transformer:
                 raise ValueError(f"a token tree needs one parent per token and fewer than {PROMPT_ROWS} tokens, "
                                  f"got {len(s.parents)} parents for {s.tokens.shape[0]} tokens")
         if self.uses_kernel:
-            short = [s.tokens.shape[0] < PROMPT_ROWS for s in segments]
+            short = [s.tokens.shape[0] < self.stack_rows for s in segments]
             if all(short):
                 return self._forward_rows(segments)
             if any(short):  # decoding rows apart from prompts: a decode's arithmetic whatever the batch
@@ -412,7 +422,7 @@ class Transformer:
         return self._outputs(segments, spans, x, captured)
 
     def _forward_rows(self, segments: list[Segment]) -> list[ForwardOutput]:
-        """forward_batch for segments of fewer than PROMPT_ROWS tokens each (decoding, verification,
+        """forward_batch for segments of fewer than `stack_rows` tokens each (decoding, verification,
         short prompts) through the kernel's Stack (kernels/layer.cpp): one call for every layer."""
         c = self.config
         spans, rows, starts, row = [], [], [], 0

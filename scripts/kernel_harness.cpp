@@ -103,6 +103,27 @@ static void check_format(const std::vector<float>& x, int R) {
           std::fprintf(stderr, "tiles differ from rows (format %d)\n", T);
           std::exit(1);
         }
+#if defined(__AMX_INT8__)
+        if (vs::amx_ready()) {  // 16 rows in one AMX pass (quant.cpp's wide passes): the 6 rows again, scaled
+          constexpr int R16 = 16;
+          std::vector<float> x16(R16 * n);
+          for (int r = 0; r < R16; ++r)
+            for (int i = 0; i < n; ++i) x16[r * n + i] = x6[(r % R6) * n + i] * (1.0f + 0.25f * (r / R6));
+          std::vector<int8_t> q16(R16 * n64);
+          std::vector<float> dx16(R16 * n64 / 4), sx16(R16 * n64 / 4), sxb16(R16 * n64 / 32);
+          std::vector<int32_t> s16(R16 * n64 / 4), sb16(R16 * n64 / 32);
+          const vs::XQ xq16{q16.data(), dx16.data(), sx16.data(), s16.data(), n64, sb16.data(), sxb16.data()};
+          vs::quantize_rows(x16.data(), R16, n, xq16);
+          std::vector<float> z1(R16 * rows), z2(R16 * rows);
+          vs::block_range<T, R16>(xq16, w32.data(), z1.data(), n, rows, 0, rows);
+          vs::tile_range_amx<T, R16>(xq16, tiles.data(), z2.data(), n, rows, 0, 2);
+          if (std::memcmp(z1.data(), z2.data(), z1.size() * sizeof(float)) != 0 ||
+              std::memcmp(z1.data(), y1.data(), y1.size() * sizeof(float)) != 0) {
+            std::fprintf(stderr, "16 rows through AMX differ from rows (format %d)\n", T);
+            std::exit(1);
+          }
+        }
+#endif
         out(y2.data(), R6 * rows);
       } else {
         for (int o = 0; o + 2 <= outs; o += 2) vs::products_i8<T, 3, 2>(xq, wn.data(), rbn, y.data(), n, outs, o);

@@ -66,6 +66,15 @@ constexpr RangeFn<const vs::XQ&> kTileRange[9] = {nullptr, vs::tile_range<T, 1>,
                                                   vs::tile_range<T, 4>, vs::tile_range<T, 5>, vs::tile_range<T, 6>,
                                                   vs::tile_range<T, 7>, vs::tile_range<T, 8>};
 
+#if defined(__AMX_INT8__)
+// tiles for 9-16 rows in one pass (AMX tiles hold 16 rows); the AMX path only (Product asks amx_ready first)
+template <int T>
+constexpr RangeFn<const vs::XQ&> kWideTileRange[17] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                                       vs::tile_range_amx<T, 9>, vs::tile_range_amx<T, 10>, vs::tile_range_amx<T, 11>,
+                                                       vs::tile_range_amx<T, 12>, vs::tile_range_amx<T, 13>, vs::tile_range_amx<T, 14>,
+                                                       vs::tile_range_amx<T, 15>, vs::tile_range_amx<T, 16>};
+#endif
+
 constexpr int64_t kInt8 = 256;  // added to a part's type: int8 activations
 
 int64_t base_type(int64_t type) { return type >= kInt8 ? type - kInt8 : type; }  // without the int8 flag
@@ -90,6 +99,9 @@ Props props(int64_t type) {
         p.tile_bytes = vs::Tile<T>::kTile;
         p.untile = vs::untile_row<T>;
         for (int R = 1; R <= 8; ++R) p.range8[R] = p.tail8[R] = kBlockRange<T>[R], p.tiles8[R] = kTileRange<T>[R];
+#if defined(__AMX_INT8__)
+        for (int R = 9; R <= 16; ++R) p.tiles8[R] = kWideTileRange<T>[R];
+#endif
       }
   });
   TORCH_CHECK(known, "weight format ", type, " is not supported (", kFormats, ", plus ", kInt8, " for int8 activations)");
@@ -141,9 +153,17 @@ WeightParts::WeightParts(const Weight& w, int64_t in) : keep_(w), in_(in) {
     Part part{props(types[p]), nullptr, part_rows(parts[p]), out_, parts[p].dim() == 3};
     part.data = part_data(parts[p], base_type(types[p]), part.f, in);
     int8_ = int8_ || part.f.range8[1] != nullptr;
+    wide_ = wide_ && part.tiled && part.f.tiles8[16] != nullptr;
     out_ += part.rows;
     parts_.push_back(part);
   }
+}
+
+int64_t WeightParts::pass_rows() const {
+#if defined(__AMX_INT8__)
+  if (wide_ && vs::amx_ready()) return 16;
+#endif
+  return 8;
 }
 
 QuantRows::QuantRows(int64_t R, int64_t in) : in_(in), n64_(vs::padded64(in)) {
@@ -174,8 +194,9 @@ Product::Product(const float* x, int64_t R, const WeightParts& w, float* y, cons
 }
 
 void Product::share(int64_t t, int64_t n) const {
-  for (int64_t r0 = 0; r0 < R_; r0 += 8) {  // 8 rows per pass over the weights
-    const int rn = static_cast<int>(R_ - r0 < 8 ? R_ - r0 : 8);
+  const int64_t pass = w_.pass_rows();
+  for (int64_t r0 = 0; r0 < R_; r0 += pass) {  // 8 or 16 rows per pass over the weights
+    const int rn = static_cast<int>(R_ - r0 < pass ? R_ - r0 : pass);
     const int64_t in = w_.in_, out = w_.out_;
     const float* xr = x_ + r0 * in;
     float* yr = y_ + r0 * out;

@@ -31,6 +31,21 @@ static void out(const float* p, int n) {
   }
 }
 
+// rows x [R, n] quantised for the int8 products: quant8.h's XQ and the arrays behind it
+struct Quantised {
+  std::vector<int8_t> q;
+  std::vector<float> dx, sx, sxb;
+  std::vector<int32_t> s, sb;
+  vs::XQ xq;
+  Quantised(const float* x, int R, int n) {
+    const int64_t n64 = vs::padded64(n);
+    q.resize(R * n64), dx.resize(R * n64 / 4), sx.resize(R * n64 / 4), s.resize(R * n64 / 4), sb.resize(R * n64 / 32), sxb.resize(R * n64 / 32);
+    xq = vs::XQ{q.data(), dx.data(), sx.data(), s.data(), n64, sb.data(), sxb.data()};
+    vs::quantize_rows(x, R, n, xq);
+  }
+  Quantised(const Quantised&) = delete;  // xq points into this one's arrays
+};
+
 // random blocks of format T: random bytes, then sane float16 scales where the format keeps them
 template <int T>
 static void check_format(const std::vector<float>& x, int R) {
@@ -69,15 +84,11 @@ static void check_format(const std::vector<float>& x, int R) {
     const int sizes[2] = {in, 96};
     for (int which = 0; which < (E == 32 ? 2 : 1); ++which) {
       const int n = sizes[which];
-      const int64_t n64 = vs::padded64(n), rbn = n / E * B;
-      std::vector<int8_t> q(R * n64);
-      std::vector<float> dx(R * n64 / 4), sx(R * n64 / 4);
-      std::vector<int32_t> s(R * n64 / 4), sb(R * n64 / 32);
-      std::vector<float> sxb(R * n64 / 32);
-      const vs::XQ xq{q.data(), dx.data(), sx.data(), s.data(), n64, sb.data(), sxb.data()};
+      const int64_t rbn = n / E * B;
       std::vector<float> xn(R * n);
       for (int r = 0; r < R; ++r) std::memcpy(xn.data() + r * n, x.data() + r * in, n * sizeof(float));
-      vs::quantize_rows(xn.data(), R, n, xq);
+      const Quantised xr(xn.data(), R, n);
+      const vs::XQ& xq = xr.xq;
       std::vector<uint8_t> wn(outs * rbn);
       for (int o = 0; o < outs; ++o) std::memcpy(wn.data() + o * rbn, w.data() + o * rb, rbn);
       if constexpr (vs::Tile<T>::kDefined) {  // per block (tile8.h): 32 rows (the outputs repeated) as rows and as 2 tiles
@@ -89,11 +100,8 @@ static void check_format(const std::vector<float>& x, int R) {
         std::vector<float> x6(R6 * n);
         for (int r = 0; r < R6; ++r)
           for (int i = 0; i < n; ++i) x6[r * n + i] = xn[(r % R) * n + i] * (r < R ? 1.0f : 0.5f + r);
-        std::vector<int8_t> q6(R6 * n64);
-        std::vector<float> dx6(R6 * n64 / 4), sx6(R6 * n64 / 4), sxb6(R6 * n64 / 32);
-        std::vector<int32_t> s6(R6 * n64 / 4), sb6(R6 * n64 / 32);
-        const vs::XQ xq6{q6.data(), dx6.data(), sx6.data(), s6.data(), n64, sb6.data(), sxb6.data()};
-        vs::quantize_rows(x6.data(), R6, n, xq6);
+        const Quantised x6q(x6.data(), R6, n);
+        const vs::XQ& xq6 = x6q.xq;
         std::vector<float> y1(R6 * rows), y2(R6 * rows), y3(3 * rows);
         vs::block_range<T, R6>(xq6, w32.data(), y1.data(), n, rows, 0, rows);
         vs::tile_range<T, R6>(xq6, tiles.data(), y2.data(), n, rows, 0, 2);
@@ -109,11 +117,8 @@ static void check_format(const std::vector<float>& x, int R) {
           std::vector<float> x16(R16 * n);
           for (int r = 0; r < R16; ++r)
             for (int i = 0; i < n; ++i) x16[r * n + i] = x6[(r % R6) * n + i] * (1.0f + 0.25f * (r / R6));
-          std::vector<int8_t> q16(R16 * n64);
-          std::vector<float> dx16(R16 * n64 / 4), sx16(R16 * n64 / 4), sxb16(R16 * n64 / 32);
-          std::vector<int32_t> s16(R16 * n64 / 4), sb16(R16 * n64 / 32);
-          const vs::XQ xq16{q16.data(), dx16.data(), sx16.data(), s16.data(), n64, sb16.data(), sxb16.data()};
-          vs::quantize_rows(x16.data(), R16, n, xq16);
+          const Quantised x16q(x16.data(), R16, n);
+          const vs::XQ& xq16 = x16q.xq;
           std::vector<float> z1(R16 * rows), z2(R16 * rows);
           vs::block_range<T, R16>(xq16, w32.data(), z1.data(), n, rows, 0, rows);
           vs::tile_range_amx<T, R16>(xq16, tiles.data(), z2.data(), n, rows, 0, 2);

@@ -166,8 +166,8 @@ def _part(w: torch.Tensor, int8: bool = False) -> tuple[torch.Tensor, int]:
     if int8 and w.shape[0] % TILE_ROWS == 0 and w.shape[1] % 32 == 0:
         import gguf
 
-        blocks = gguf.quants.quantize(w.float().numpy(), gguf.GGMLQuantizationType.Q8_0)  # [rows, row bytes]
-        q8 = 8
+        q8 = int(gguf.GGMLQuantizationType.Q8_0)
+        blocks = gguf.quants.quantize(w.float().numpy(), q8)  # [rows, row bytes]
         return rowwise.kernel().tile_weight(torch.from_numpy(np.ascontiguousarray(blocks)), q8), q8 + INT8
     for dtype, code in ((torch.float16, F16), (torch.bfloat16, BF16)):
         narrow = w.to(dtype)

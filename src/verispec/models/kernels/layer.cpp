@@ -61,6 +61,7 @@ void Stack::add_layer(at::Tensor attn_norm, Weight qkv, std::optional<at::Tensor
   TORCH_CHECK(o_parts.rows() == hidden && down_parts.rows() == hidden && 2 * inter == gate_up_parts.rows(),
               "Stack: o and down have hidden rows, gate_up an even number");
   hidden_ = hidden, inter_ = inter;
+  int8_ = int8_ || qkv_parts.int8() || o_parts.int8() || gate_up_parts.int8() || down_parts.int8();
   layers_.push_back(Layer{attn_norm, mlp_norm, std::move(qkv_parts), std::move(o_parts), std::move(gate_up_parts), std::move(down_parts),
                           qkv_bias, qk_norm, post_attn_norm, post_mlp_norm, window, local});
 }
@@ -69,6 +70,7 @@ void Stack::set_head(at::Tensor norm, Weight head) {
   TORCH_CHECK(!layers_.empty(), "Stack: the layers first, then the head");
   check_vector(norm, hidden_, "the final norm");
   head_.emplace(head, hidden_);
+  int8_ = int8_ || head_->int8();
   norm_ = norm;
 }
 
@@ -124,10 +126,8 @@ std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> Stack::forward(at::T
   for (int64_t s = 0; s < S; ++s)
     for (int64_t r = rows[s]; r < (s + 1 < S ? rows[s + 1] : N); ++r) seg_of[r] = s, index_in[r] = r - rows[s];
   // the products' inputs quantised for int8 activations, row by row by the thread that made them
-  bool any8 = head_ && head_->int8();
-  for (const Layer& W : layers_) any8 = any8 || W.qkv.int8() || W.o.int8() || W.gate_up.int8() || W.down.int8();
   std::optional<QuantRows> hq, aq, mq, pq;  // of h (q/k/v, gate/up), attn (o), m (down), picked (the LM head)
-  if (any8) hq.emplace(N, hidden), aq.emplace(N, H * D), mq.emplace(N, I), pq.emplace(nl, hidden);
+  if (int8_) hq.emplace(N, hidden), aq.emplace(N, H * D), mq.emplace(N, I), pq.emplace(nl, hidden);
   const auto xq = [](const WeightParts& w, std::optional<QuantRows>& q) { return w.int8() ? &*q : nullptr; };
 
   // The glue runs row by row, each thread over its own rows [r0, r1) (the products and the

@@ -178,5 +178,6 @@ class Stack {
   int64_t H_, KVH_, D_, hidden_ = 0, inter_ = 0;
   float scale_, eps_;
   bool gelu_;
+  bool int8_ = false;  // some matrix multiplies with int8 activations: forward quantises its inputs (QuantRows)
   std::vector<Layer> layers_;
 };

@@ -167,3 +167,30 @@ def test_kv_bytes_read_counts_a_sliding_layer_up_to_its_window():
     assert kv_bytes_read(c, 512, 4) == (100 + 512 + 100) * per_position
     assert kv_bytes_read(c, 50, 4) == 3 * 50 * per_position
     assert kv_bytes_read(c, 512, 34 / 32) == int((100 + 512 + 100) * per_position / 4 * 34 / 32)
+
+
+def test_prefix_caching_serves_later_turns_from_the_cache_and_changes_no_token(tiny_dir, tmp_path):
+    """--prefix-caching: every method of ours keeps its own cache, so a multi-turn question's second
+    turn takes (at least) the first turn's prompt from it; the tokens stay those of plain decoding
+    without a cache (control: the same run without the flag, where nothing is cached)."""
+    questions = tmp_path / "question.jsonl"
+    first = " ".join(f"w{5 + i % 7}" for i in range(40))  # 40 words: two 16-token blocks at least
+    rows = [{"question_id": 0, "category": "writing", "turns": [first, "w8 w9 w8 w9"]},
+            {"question_id": 1, "category": "qa", "turns": ["w16 w17"]}]
+    questions.write_text("\n".join(json.dumps(r) for r in rows))
+    runs = {}
+    for flag in ([], ["--prefix-caching"]):
+        out = tmp_path / ("pc" if flag else "none")
+        assert main(["bench", "--model", str(tiny_dir("llama")), "--questions", str(questions), "--limit", "1",
+                     "--max-tokens", "24", "--methods", "plain,prompt_lookup,suffix", "--out", str(out), *flag]) == 0
+        runs[bool(flag)] = json.loads((out / "results.json").read_text())
+    cached, fresh = runs[True], runs[False]
+    assert cached["config"]["prefix_caching"] and not fresh["config"]["prefix_caching"]
+    assert cached["mismatches"] == [] and fresh["mismatches"] == []
+    tokens = lambda data: {(r["question_id"], r["method"]): r["new_tokens"] for r in data["records"]}
+    assert tokens(cached) == tokens(fresh)
+    assert all(r["cached_prompt_tokens"] == 0 for r in fresh["records"])
+    for r in cached["records"]:
+        if r["subtask"] == "multi_turn":  # turn 2 starts with turn 1's prompt and answer: 16-token blocks of them
+            assert r["cached_prompt_tokens"] >= 32, r
+    assert "prefix caching" in (tmp_path / "pc" / "report.md").read_text()

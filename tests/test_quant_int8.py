@@ -419,3 +419,25 @@ def test_prompts_on_an_all_tile_model_take_the_decoding_rows_arithmetic():
     exact = Transformer(loaded.config, loaded.weights)
     assert exact.stack_rows == PROMPT_ROWS
     assert prompt_and_tokens(exact) == (False, False)
+
+
+def test_prefix_caching_on_an_all_tile_model_prefills_whole_prompts_and_changes_no_token():
+    """SmolLM2 on gguf-int8 takes prompts through the decoding kernels whole (TILED_PROMPT_ROWS), so
+    prefix caching prefills them in one forward, not in 47-row chunks; chunked prefill keeps its
+    short chunks. A second turn served from the cache gives the tokens it gets without one."""
+    from verispec import LLM, SamplingParams
+    from verispec.engine.assembly import CHUNKED_PREFILL_ROWS
+    from verispec.models.transformer import TILED_PROMPT_ROWS
+
+    params = SamplingParams(max_tokens=48, temperature=0.0)
+    turn1 = [{"role": "user", "content": "List three uses of copper, one line each, and say why for each."}]
+    cached = LLM("smollm2-135m", weights_format="gguf-int8", enable_prefix_caching=True)
+    assert cached.decoder.prefill_rows == TILED_PROMPT_ROWS - 1
+    answer = cached.chat([turn1], params)[0].outputs[0].text
+    turn2 = turn1 + [{"role": "assistant", "content": answer}, {"role": "user", "content": "Now the same for tin."}]
+    out = cached.chat([turn2], params)[0]
+    assert out.metrics.num_cached_prompt_tokens >= 32
+    fresh = LLM("smollm2-135m", weights_format="gguf-int8")
+    assert fresh.chat([turn2], params)[0].outputs[0].token_ids == out.outputs[0].token_ids
+    chunked = LLM("smollm2-135m", weights_format="gguf-int8", enable_chunked_prefill=True)
+    assert chunked.decoder.prefill_rows == CHUNKED_PREFILL_ROWS

@@ -50,6 +50,10 @@ def add_bench_parser(sub) -> None:
                    help="for --adaptive-k: 'measured' (default: timed once per machine and cached), 'auto' (each "
                         "backend timed at start-up), 'builtin', a cost_profile-*.json, or the "
                         "--profile output folder (each backend reads its own; <folder>/<model>/ first with several models)")
+    b.add_argument("--prefix-caching", action="store_true",
+                   help="our methods keep earlier prompts' and answers' keys and values (each method its own cache), so "
+                        "a multi-turn question's later turns forward only their new tokens (llama.cpp's peer keeps its "
+                        "last prompt's anyway)")
     b.add_argument("--profile", action="store_true",
                    help="measure memory bandwidth and the forward cost for k = 1..32 new tokens instead, per --backends")
     b.add_argument("--backends", default="torch",
@@ -100,6 +104,7 @@ def _run_model(args: argparse.Namespace, model: str, out: Path):
         seed=args.seed,
         adaptive_k=args.adaptive_k,
         cost_profile=args.cost_profile,
+        prefix_caching=args.prefix_caching,
         peer_timeout=args.peer_timeout,
     )
     result = run_bench(cfg)

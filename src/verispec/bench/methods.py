@@ -24,6 +24,7 @@ class Run:
     target_forwards: int  # prefill included; plain decoding: one per token
     accepted_lengths: list[int] = field(default_factory=list)  # draft tokens accepted per draft
     accepted_per_position: list[int] = field(default_factory=list)
+    cached_prompt_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
 
 
 class Method(Protocol):
@@ -43,20 +44,26 @@ class Unavailable(Exception):
 
 
 class OursMethod:
-    def __init__(self, name: str, llm, spec: SpeculativeConfig | None) -> None:
+    def __init__(self, name: str, llm, spec: SpeculativeConfig | None, prefix_caching: bool = False) -> None:
+        from verispec.config import EngineConfig
         from verispec.engine.assembly import build_decoder
+        from verispec.errors import ConfigError
 
         self.name = name
         self.speculative = spec is not None
         self.weight_bytes = llm.runner.weight_bytes  # the target's (a draft model's are not counted)
-        self.decoder = build_decoder(llm.runner, spec)  # spec None: plain decoding
+        engine = EngineConfig(enable_prefix_caching=prefix_caching)
+        try:
+            self.decoder = build_decoder(llm.runner, spec, engine)  # spec None: plain decoding
+        except ConfigError as e:  # prefix caching on a runner without the row-wise kernels
+            raise Unavailable(str(e)) from e
 
     def run(self, prompt_ids, max_tokens, temperature, seed) -> Run:
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
         req = self.decoder.generate(prompt_ids, params)
         m = req.metrics
         return Run(list(req.output_ids), m.total_time, m.time_to_first_token, m.num_target_forwards,
-                   list(m.accepted_lengths), list(m.accepted_per_position))
+                   list(m.accepted_lengths), list(m.accepted_per_position), m.num_cached_prompt_tokens or 0)
 
 
 # ---------------------------------------------------------------------------------------------

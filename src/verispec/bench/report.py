@@ -133,7 +133,9 @@ def markdown(result: BenchResult) -> str:
         "in the same run, methods interleaved per question "
         + ("(order rotated, one untimed warm-up each)" if result.protocol == "rotated"
            else "(in a fixed order, plain first, no warm-up run)")
-        + ". tok/s and TTFT include prompt processing.",
+        + ". tok/s and TTFT include prompt processing"
+        + ("; our methods with prefix caching (each its own cache: later turns forward only their new tokens)."
+           if cfg.prefix_caching else "."),
         "",
         "| method | " + " | ".join(subs) + " | mean accepted | overall speedup | tok/s | TTFT s | identical to plain |",
         "|---|" + "---|" * (len(subs) + 5),

@@ -45,6 +45,10 @@ class BenchConfig:
     adaptive_k: bool = False  # our speculative methods choose k per step (engine/policy.py) instead of k
     cost_profile: str | None = "measured"  # the forward-cost curve adaptive k reads (SpeculativeConfig.cost_profile)
     peer_timeout: float = 600.0  # seconds a peer may take to load or to answer one run, else it failed
+    # our methods keep the keys and values of earlier prompts and answers (engine/prefix_cache.py), each
+    # method its own cache: a multi-turn question's later turns forward only their new tokens, as
+    # llama.cpp's peer (which keeps its last prompt's) already does
+    prefix_caching: bool = False
 
 
 @dataclass
@@ -61,6 +65,7 @@ class Record:
     process_peak_rss_mb: float  # high-water mark so far of the method's process (ours share one; each peer has its own)
     matches_plain: bool | None = None  # greedy: same tokens as our plain decoding
     first_mismatch: int | None = None
+    cached_prompt_tokens: int = 0  # over all turns: prompt tokens taken from the prefix cache (--prefix-caching)
 
     @property
     def tokens_per_s(self) -> float:
@@ -174,7 +179,7 @@ def _add_methods(cfg: BenchConfig, llm, eos: list[int], llms: dict, methods: lis
         base, family = split_family(name)
         try:
             if base == "plain":
-                methods.append(OursMethod(name, family_llm(cfg, llm, family, llms), None))
+                methods.append(OursMethod(name, family_llm(cfg, llm, family, llms), None, cfg.prefix_caching))
             elif base in ("prompt_lookup", "draft_model", "suffix", "suffix_cold", "suffix_tree", "eagle3", "eagle3_tree", "hybrid"):
                 if base == "draft_model" and not cfg.draft_model:
                     raise Unavailable("no --draft-model given (none of the bundled models shares a vocabulary)")
@@ -193,7 +198,7 @@ def _add_methods(cfg: BenchConfig, llm, eos: list[int], llms: dict, methods: lis
                     draft_model=model_drafter,
                     adaptive_k=cfg.adaptive_k, cost_profile=family_profile(cfg.cost_profile, family, cfg.model), **extra,
                 )
-                methods.append(OursMethod(name, family_llm(cfg, llm, family, llms), spec))
+                methods.append(OursMethod(name, family_llm(cfg, llm, family, llms), spec, cfg.prefix_caching))
             elif name in PEER_NAMES:
                 _check_peer(cfg, name)
                 methods.append(IsolatedPeer(name, cfg.model, eos, cfg.draft_model, timeout=cfg.peer_timeout))
@@ -244,14 +249,16 @@ def subtasks_in(names) -> list[str]:
     return [s for s in SUBTASKS if s in seen] + [s for s in seen if s not in SUBTASKS]
 
 
-def run_question(method: Method, llm, q: dict, cfg: BenchConfig) -> tuple[list[int], float, float, int, list[int], list[int]]:
-    """All turns of one question; returns the concatenated new tokens and summed figures."""
+def run_question(method: Method, llm, q: dict, cfg: BenchConfig) -> tuple[list[int], float, float, int, list[int], list[int], int]:
+    """All turns of one question; returns the concatenated new tokens and summed figures (the last:
+    prompt tokens taken from the prefix cache)."""
     messages: list[dict] = []
     tokens: list[int] = []
     wall = ttft = 0.0
     forwards = 0
     lengths: list[int] = []
     per_pos: list[int] = []
+    cached = 0
     for turn, text in enumerate(q["turns"]):
         messages.append({"role": "user", "content": text})
         ids = llm.tokenizer.encode_chat(messages)
@@ -263,8 +270,9 @@ def run_question(method: Method, llm, q: dict, cfg: BenchConfig) -> tuple[list[i
         tokens += r.token_ids
         lengths += r.accepted_lengths
         per_pos = add_counts(per_pos, r.accepted_per_position)
+        cached += r.cached_prompt_tokens
         messages.append({"role": "assistant", "content": llm.tokenizer.decode(r.token_ids)})
-    return tokens, wall, ttft, forwards, lengths, per_pos
+    return tokens, wall, ttft, forwards, lengths, per_pos, cached
 
 
 def add_counts(a: list[int], b: list[int]) -> list[int]:
@@ -320,7 +328,7 @@ def _run_methods(cfg: BenchConfig, llm, methods: list[Method], skipped: dict[str
             n, t = tok_sum.get(m.name, (0, 0.0))
             bar.set_postfix_str(f"{m.name} q{q['question_id']} ({subtask(q)}) {n / t if t else 0:.1f} tok/s")
             try:
-                tokens, wall, ttft, forwards, lengths, per_pos = run_question(m, llm, q, cfg)
+                tokens, wall, ttft, forwards, lengths, per_pos, cached = run_question(m, llm, q, cfg)
             except PeerFailed as e:
                 fail(m, e, f"on question {q['question_id']} ({subtask(q)})")
                 bar.total -= len(questions) - i
@@ -328,7 +336,7 @@ def _run_methods(cfg: BenchConfig, llm, methods: list[Method], skipped: dict[str
             tok_sum[m.name] = (n + len(tokens), t + wall)
             rss = getattr(m, "peak_rss_mb", None) or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             records[m.name] = (Record(q["question_id"], subtask(q), m.name, len(tokens), wall, ttft, forwards, lengths,
-                                      per_pos, rss), tokens)
+                                      per_pos, rss, cached_prompt_tokens=cached), tokens)
             bar.update(1)
         for m in methods:
             rec, tokens = records[m.name]

@@ -29,6 +29,10 @@ from verispec.errors import ConfigError
 from verispec.models.tokenizer import Tokenizer
 from verispec.proposers.base import Proposer, create_proposer
 
+# chunked prefill's rows per forward: a chunk costs running streams about this many verified rows
+# (a model whose prompts take the decoding kernels whole, SmolLM2 on gguf-int8, could take 639)
+CHUNKED_PREFILL_ROWS = 47
+
 
 @dataclass
 class Engine:
@@ -82,6 +86,8 @@ def build_decoder(runner: ModelRunner, spec: SpeculativeConfig | None, engine: E
         if prefill_rows is None:
             raise ConfigError("prefix caching and chunked prefill need the row-wise kernels (float32 on the CPU) "
                               "with batch_invariant on")
+        if engine.enable_chunked_prefill:  # chunks short enough that running streams hardly wait
+            prefill_rows = min(prefill_rows, CHUNKED_PREFILL_ROWS)
         if engine.enable_prefix_caching:
             prefix_cache = PrefixCache(runner, engine.prefix_cache_max_bytes)
     options = dict(logprobs_mode=engine.logprobs_mode, prefix_cache=prefix_cache, prefill_rows=prefill_rows)

@@ -21,7 +21,7 @@ from verispec.models.config import ModelConfig
 from verispec.models import rowwise
 from verispec.models.kv_cache import KVCache
 from verispec.models.quant import weight_bytes
-from verispec.models.transformer import PROMPT_ROWS, ForwardOutput, Segment, Transformer, invariant_chunks
+from verispec.models.transformer import ForwardOutput, Segment, Transformer, invariant_chunks
 from verispec.models.tokenizer import Tokenizer
 
 
@@ -183,8 +183,10 @@ class TorchRunner:
     def invariant_prefill_rows(self) -> int | None:
         """Prompt rows per forward that go through the decoding kernels (each row with a one-token
         decode's arithmetic, so keys and values do not depend on how a prompt is split); None where
-        this runner has no such path (no row-wise kernel, or batch invariance off)."""
-        return PROMPT_ROWS - 1 if self.model.uses_kernel and self.batch_invariant else None
+        this runner has no such path (no row-wise kernel, or batch invariance off): under the model's
+        `stack_rows`, PROMPT_ROWS (48), or 640 where every matrix is tiles (SmolLM2 on gguf-int8),
+        whose prompts take those kernels anyway."""
+        return self.model.stack_rows - 1 if self.model.uses_kernel and self.batch_invariant else None
 
     def read_kv(self, seq: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of the keys and values of positions start..end-1: [layers, kv_heads, n, head_dim] each."""

@@ -16,7 +16,7 @@ import scipy.stats
 import torch
 
 from verispec.sampling.processors import logits_to_probs
-from verispec.sampling.rejection import VerifyOutput, greedy_verify, rejection_sample
+from verispec.sampling.rejection import VerifyOutput, greedy_accept, greedy_verify, rejection_sample
 
 N = 200_000
 ALPHA = 1e-6  # fail below this p-value
@@ -62,6 +62,16 @@ def test_greedy_table_row_by_row(name):
     assert result.output_tokens.tolist() == out.tolist()
     assert result.num_accepted.tolist() == n_acc.tolist()
     assert result.output_tokens.dtype == torch.int64 and result.num_accepted.dtype == torch.int64
+
+
+@pytest.mark.parametrize("name", list(GREEDY_TABLE))
+def test_greedy_accept_on_lists_follows_the_table(name):
+    """The decoding loop's one-request greedy verification on lists: the table's accepted count and,
+    as the emitted block, the argmaxes up to and including the first rejected or bonus position."""
+    target_argmax, drafts, num_draft, out, n_acc = GREEDY_TABLE[name]
+    n = greedy_accept(target_argmax, drafts[:num_draft])
+    assert n == n_acc
+    assert target_argmax[: n + 1] == [t for t in out if t != -1]
 
 
 def test_greedy_table_as_one_ragged_batch():

@@ -43,7 +43,7 @@ from verispec.errors import (ContextLengthError, InvalidPromptError, InvalidSamp
 from verispec.models.rowwise import argmax_rows
 from verispec.proposers.base import Draft, Proposer, SequenceView
 from verispec.sampling.processors import logits_to_probs
-from verispec.sampling.rejection import VerifyOutput, greedy_verify, rejection_sample
+from verispec.sampling.rejection import greedy_accept, rejection_sample
 from verispec.sampling.tree import greedy_tree_verify, tree_rejection_sample
 from verispec.structured.grammar import GrammarCompiler
 
@@ -181,8 +181,8 @@ class SpeculativeDecoder:
         if end < len(prompt):
             return False
         req.metrics.num_target_forwards += 1
-        first, dist = self._accept(req, logits, Draft(tokens=[]))
-        self._emit(req, first.output_tokens[0, :1].tolist(), logits, dist)
+        block, _, dist = self._accept(req, logits, Draft(tokens=[]))
+        self._emit(req, block, logits, dist)
         req.metrics.time_to_first_token = time.perf_counter() - req.started
         return True
 
@@ -231,9 +231,7 @@ class SpeculativeDecoder:
                 emitted_all.append(self._tree_step(req, draft, base, logits, state))
                 continue
             # 3. accept (over the rows verified: a greedy verification may have stopped early)
-            result, dist = self._accept(req, logits, Draft(draft.tokens[: logits.shape[0] - 1], draft.probs))  # [m, vocab]
-            num_accepted = int(result.num_accepted[0])
-            block = result.output_tokens[0, : num_accepted + 1].tolist()
+            block, num_accepted, dist = self._accept(req, logits, Draft(draft.tokens[: logits.shape[0] - 1], draft.probs))  # [m, vocab]
             # 4. commit
             self.target.truncate(req.target_seq, base + 1 + num_accepted)
             if state is not None:
@@ -385,20 +383,25 @@ class SpeculativeDecoder:
             return Draft(tokens=[])
         return Draft(draft.tokens[:n], None if draft.probs is None else draft.probs[:n], kind=draft.kind)
 
-    def _accept(self, req: Request, logits: torch.Tensor, draft: Draft) -> tuple[VerifyOutput, torch.Tensor]:
-        """Verify the draft on the target's [n + 1, vocab] logits; also returns the distribution
-        tokens were chosen from (processed logits when greedy, probabilities when sampling)."""
-        draft_tokens = torch.tensor([draft.tokens], dtype=torch.int64)  # [1, n]
+    def _accept(self, req: Request, logits: torch.Tensor, draft: Draft) -> tuple[list[int], int, torch.Tensor]:
+        """Verify the draft on the target's [n + 1, vocab] logits: the tokens the step emits (the
+        accepted drafts, then the recovered or bonus token), how many drafts were accepted, and the
+        distribution tokens were chosen from (processed logits when greedy, probabilities when sampling)."""
         if req.processor is not None:
             logits = req.processor.process(logits)
         if req.params.greedy:
-            return greedy_verify(argmax_rows(logits)[None], draft_tokens), logits
+            argmax = argmax_rows(logits).tolist()  # [n + 1]
+            n = greedy_accept(argmax, draft.tokens)
+            return argmax[: n + 1], n, logits
+        draft_tokens = torch.tensor([draft.tokens], dtype=torch.int64)  # [1, n]
         p = req.params
         # row by row: each row's distribution is the one plain decoding computes for it
         target_probs = torch.cat([logits_to_probs(row[None], p.temperature, p.top_k, p.top_p, p.min_p)
                                   for row in logits])  # [n + 1, vocab]
         draft_probs = None if draft.probs is None else draft.probs[None]  # [1, n, vocab]
-        return rejection_sample(target_probs[None], draft_probs, draft_tokens, generators=req.view.generator), target_probs
+        result = rejection_sample(target_probs[None], draft_probs, draft_tokens, generators=req.view.generator)
+        n = int(result.num_accepted[0])
+        return result.output_tokens[0, : n + 1].tolist(), n, target_probs
 
     def _emit(self, req: Request, block: list[int], raw: torch.Tensor | None = None, dist: torch.Tensor | None = None) -> list[int]:
         """Append the block up to its first stop; raw/dist: the step's rows (for logprobs)."""

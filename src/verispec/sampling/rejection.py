@@ -28,7 +28,9 @@ token 7 drawn from the residual at position 1:
 If both drafts were accepted and the bonus drawn at position 2 were 3: [5, 9, 3], 2.
 
 Greedy verification (`greedy_verify`) is the temperature-0 case: accept while the draft
-equals the target's argmax, then emit the target's argmax.
+equals the target's argmax, then emit the target's argmax. `greedy_accept` is the same for one
+request on plain lists (the decoding loop's case: a step's few tensor operations cost more than
+the comparison itself once a forward has left the caches cold).
 """
 
 from dataclasses import dataclass
@@ -107,6 +109,18 @@ def greedy_verify(
     num_accepted = _leading_true((drafts == target_argmax[:, :k]) & valid)
     extra_token = target_argmax.gather(1, num_accepted.unsqueeze(1)).squeeze(1)
     return VerifyOutput(_assemble(drafts, num_accepted, extra_token), num_accepted)
+
+
+def greedy_accept(target_argmax: list[int], draft_tokens: list[int]) -> int:
+    """greedy_verify for one request: how many of its drafts lead with the target's argmax at their
+    position ([k + 1] argmaxes, [k] drafts); the step emits target_argmax[: that + 1].
+    Example: argmax [5, 9, 4], drafts [5, 7]: 1, and the step emits [5, 9]."""
+    n = 0
+    for draft, target in zip(draft_tokens, target_argmax):
+        if draft != target:
+            break
+        n += 1
+    return n
 
 
 def _check_shapes(target_probs, draft_probs, draft_tokens) -> None:

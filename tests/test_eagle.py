@@ -264,6 +264,22 @@ def test_train_draft_end_to_end(tiny_dir, tmp_path):
     trained, random_head = acceptance(out / "head"), acceptance(untrained)
     assert trained > random_head + 0.1, (trained, random_head)
 
+    # --init-head: a new run starts from the trained head, its weights and its draft vocabulary
+    def fresh_run(name, *extra):
+        run = subprocess.run([sys.executable, "-m", "verispec.cli", "train-draft", "--model", str(target), "--data", str(data),
+                              "--out", str(tmp_path / name), "--tokens", "6000", "--max-answer", "40", "--draft-vocab", "128",
+                              "--epochs", "2", "--batch-tokens", "1024", "--warmup", "5", "--lr", "3e-3", "--eval-prompts", "0",
+                              "--feature-dtype", "float32", *extra], capture_output=True, text=True, timeout=600)
+        return run, [json.loads(line) for line in (tmp_path / name / "log.jsonl").read_text().splitlines()] if run.returncode == 0 else []
+
+    started, started_log = fresh_run("from-head", "--init-head", str(out / "head"))
+    assert started.returncode == 0, started.stderr[-2000:]
+    assert torch.equal(torch.load(tmp_path / "from-head" / "vocab.pt")["d2t"], torch.load(out / "vocab.pt")["d2t"])
+    assert started_log[0]["kl"] < 0.7 * head_kl, (started_log[0]["kl"], head_kl)  # not from scratch
+    other = write_eagle3_head(tmp_path / "narrow", hidden=32, target_vocab=320, draft_vocab=128)
+    refused, _ = fresh_run("from-narrow", "--init-head", str(other))
+    assert refused.returncode != 0 and "--init-head" in refused.stderr
+
 
 def test_sharegpt_held_out_records_are_refused(tmp_path):
     r = subprocess.run([sys.executable, "-m", "verispec.cli", "train-draft", "--records", "0:15000", "--out", str(tmp_path)],

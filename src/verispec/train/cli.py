@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
     fopts = FeatureOptions(data=args.data, start=start, stop=stop, max_prompt=args.max_prompt, max_answer=args.max_answer,
                            regenerate=args.regenerate, tokens=args.tokens, minutes=args.feature_minutes)
     weights = load_model(args.model)  # float32 target weights: embeddings and LM head for training
+    start_head = start_from(args.init_head, weights.config) if args.init_head else None  # checked before the features
     layers = default_aux_layers(weights.config.num_layers)
     val_opts = FeatureOptions(data="sharegpt", start=args.eval_start, stop=args.eval_start + 10_000, max_prompt=args.max_prompt,
                               max_answer=args.max_answer, regenerate=True, tokens=args.val_tokens)
@@ -121,7 +122,6 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"no training examples found in {args.data} records {start}:{stop}")
     # 2. vocabulary (the starting head's, with --init-head)
     opts = TrainOptions(**{name: getattr(args, name) for name in TrainOptions.__dataclass_fields__})
-    start_head = start_from(args.init_head, weights.config) if args.init_head else None
     vocab_file = folder / "vocab.pt"
     if not vocab_file.exists():
         if start_head is not None:

@@ -254,3 +254,19 @@ def test_sampled_structured_follows_the_target(byte_models, monkeypatch, control
         assert "was not allowed" in str(e)
         pvalue = 0.0
     assert pvalue < 1e-6
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0, 0.01])
+def test_a_penalty_that_overflows_a_logit_samples_and_scores_instead_of_failing(tiny_dir, temperature):
+    """repetition_penalty 5.5e-112 (in range, found by the server's schema fuzzing) divides positive
+    logits of seen tokens past float32: the row keeps the largest float there, so sampling and
+    logprobs work, and such a token stays the likeliest, as the penalty means. Control: without the clamps the
+    softmax of inf is NaN (torch.multinomial refused it: a 500 from the server)."""
+    params = SamplingParams(temperature=temperature, seed=0, repetition_penalty=5.494587992782474e-112, max_tokens=8,
+                            logprobs=2, ignore_eos=True)
+    out = LLM(str(tiny_dir("llama", seed=0))).generate([PROMPT], params)[0]
+    assert len(out.token_ids) == 8
+    assert all(np.isfinite(e.logprob) for e in out.outputs[0].logprobs)
+    row = torch.tensor([[3.0, 1.0, float("inf"), float("inf")]])
+    assert torch.equal(logits_to_probs(row, 1.0)[0], torch.tensor([0.0, 0.0, 0.5, 0.5]))
+    assert torch.isnan(torch.softmax(row, -1)).all()  # what the clamp prevents

@@ -37,7 +37,9 @@ def apply_penalties(
     if repetition != 1.0 and seen:
         ids = torch.tensor(sorted(seen), dtype=torch.int64)
         values = row[ids]
-        row[ids] = torch.where(values > 0, values / repetition, values * repetition)
+        # a penalty far below 1 can overflow a positive logit: the largest float instead of inf (whose
+        # softmax would be NaN), so the token stays the likeliest, as the penalty means
+        row[ids] = torch.where(values > 0, values / repetition, values * repetition).clamp(max=torch.finfo(row.dtype).max)
     if (presence or frequency) and output_counts:
         ids = torch.tensor(sorted(output_counts), dtype=torch.int64)
         counts = torch.tensor([output_counts[i] for i in sorted(output_counts)], dtype=torch.float32)

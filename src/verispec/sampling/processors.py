@@ -49,7 +49,9 @@ def logits_to_probs(
     if not 0.0 <= min_p <= 1.0:
         raise InvalidSamplingParamsError(f"min_p must be in [0, 1], got {min_p}")
 
-    scaled = logits.float() / temperature
+    # +inf (a logit a tiny temperature or penalty pushed past the float range) as the largest float:
+    # softmax then shares the row among the tokens there instead of giving NaN; a no-op otherwise
+    scaled = (logits.float() / temperature).clamp(max=torch.finfo(torch.float32).max)
     if min_p > 0.0:
         probs = torch.softmax(scaled, dim=-1)
         floor = probs.amax(dim=-1, keepdim=True) * min_p

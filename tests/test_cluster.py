@@ -201,7 +201,16 @@ def test_conversation_turns_stay_on_one_replica(cluster):
     """12 conversations of 3 turns, interleaved: each conversation's turns land on one replica,
     while the conversations spread over both (new prefixes go to either of two idle replicas at
     random: all 12 on one happens with probability 2**-11). A system prompt they all shared would
-    send them all to one replica while it is within `affinity_imbalance` of the other."""
+    send them all to one replica while it is within `affinity_imbalance` of the other. First both
+    replicas must be serving: the endpoint answers once the first has loaded, and until the second
+    has, every new prefix rightly goes to the first (the suite flaked on that once)."""
+    serving, deadline, i = set(), time.monotonic() + 120, 0
+    while len(serving) < 2 and time.monotonic() < deadline:  # distinct one-token prompts: ties at random
+        r = httpx.post(cluster + "/v1/completions", timeout=60,
+                       json={"model": MODEL, "prompt": f"w{3 + i % 90} w{5 + i % 7}", "max_tokens": 1})
+        serving.add(_replica_of(r))
+        i += 1
+    assert len(serving) == 2, "the second replica never answered"
     where: dict[int, set[str]] = defaultdict(set)
     history = {c: [{"role": "system", "content": f"w1 w{c + 50}"}] for c in range(12)}
     for turn in range(3):

@@ -27,11 +27,13 @@ from verispec.engine.runner import ModelRunner
 from verispec.engine.speculative import SpeculativeDecoder
 from verispec.errors import ConfigError
 from verispec.models.tokenizer import Tokenizer
+from verispec.models.transformer import PROMPT_ROWS
 from verispec.proposers.base import Proposer, create_proposer
 
-# chunked prefill's rows per forward: a chunk costs running streams about this many verified rows
-# (a model whose prompts take the decoding kernels whole, SmolLM2 on gguf-int8, could take 639)
-CHUNKED_PREFILL_ROWS = 47
+# chunked prefill's rows per forward, the widest chunk every kernel model takes through its decoding
+# kernels: a chunk costs running streams about this many verified rows (a model whose prompts take
+# those kernels whole, SmolLM2 on gguf-int8, could take 639)
+CHUNKED_PREFILL_ROWS = PROMPT_ROWS - 1
 
 
 @dataclass

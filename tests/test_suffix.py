@@ -43,6 +43,19 @@ def test_longer_match_wins_over_a_more_frequent_short_one():
     assert c.score == pytest.approx(2.0)
 
 
+def test_long_drafts_from_short_matches_do_not_outrank_long_matches():
+    # "20 21" is followed by 60 .. 67 three times of four; the tail's 5 tokens "5 6 7 20 21" once, by 30 31.
+    # At max_spec_factor 4 the 2-token match may draft 8 tokens (score 6.0 against 2.0), but candidates
+    # are ranked by their tokens no deeper than their match: 1.5 against 2.0
+    long_tail = [60, 61, 62, 63, 64, 65, 66, 67]
+    ix = index_of([50, 20, 21, *long_tail], [51, 20, 21, *long_tail], [52, 20, 21, *long_tail], [5, 6, 7, 20, 21, 30, 31])
+    c = ix.best([5, 6, 7, 20, 21], k=8, max_depth=24, max_spec_factor=4.0, min_token_prob=0.1)
+    assert c.tokens == [30, 31] and c.match_len == 5 and c.rank == pytest.approx(2.0)
+    only_short = ix.best([9, 20, 21], k=8, max_depth=24, max_spec_factor=4.0, min_token_prob=0.1)
+    assert only_short.tokens == long_tail and only_short.score == pytest.approx(6.0) and only_short.rank == pytest.approx(1.5)
+    assert ix.best([9, 20, 21], k=8, max_depth=24, max_spec_factor=1.0, min_token_prob=0.1).tokens == long_tail[:2]
+
+
 def test_no_draft_without_an_earlier_occurrence():
     ix = index_of([1, 2, 3, 4])
     assert ix.best([5, 6], 4, 24, 1.0, 0.1) is None
@@ -51,10 +64,13 @@ def test_no_draft_without_an_earlier_occurrence():
 
 
 def test_the_requests_own_tail_is_not_its_own_match():
-    p = SuffixProposer(max_cached_requests=0)
+    p = SuffixProposer(max_cached_requests=0, max_spec_factor=1.0)
     view = SequenceView(1, [5, 6, 7, 8, 5, 6], 6, SamplingParams(temperature=0), None, 100)
     p.begin(view)
     assert p.propose(view, 4).tokens == [7, 8]  # from the earlier "5 6", capped by the 2-token match
+    loose = SuffixProposer(max_cached_requests=0)  # the default factor 4: up to 8 tokens on a 2-token match
+    loose.begin(view)
+    assert loose.propose(view, 8).tokens == [7, 8, 5, 6]  # then the request's own tail: excluded
     view.tokens += [7, 8, 5, 6]
     assert p.propose(view, 8).tokens == [7, 8, 5, 6]  # the tail matches 6 tokens at position 5; then the end
     p.end(view)
@@ -76,7 +92,9 @@ def test_earlier_responses_draft_for_later_requests_and_are_bounded():
     assert len(live.tokens) <= 2 * len(live) + 10
     v = SequenceView(99, [50, 3, 4], 3, greedy, None, 100)
     p.begin(v)
-    assert p.propose(v, 8).tokens == [5, 6]  # 2 matched, factor 1; 3 cached responses agree
+    # 2 matched, factor 4: 5 6 7, on which the 3 cached responses agree, then 1007, 1008 or 1009
+    # (a third each, above min_token_prob: the smaller id)
+    assert p.propose(v, 8).tokens == [5, 6, 7, 1007]
     assert p.stats["global"] == 1
     # a seeded sampled request does not draft from other requests' responses
     seeded = SequenceView(100, [50, 3, 4], 3, SamplingParams(temperature=1.0, seed=1), None, 100)
@@ -137,3 +155,23 @@ def test_one_engine_shares_its_responses_across_requests(tiny_dir):
     assert second.token_ids == first.token_ids
     assert second.metrics.num_accepted_tokens > 0
     assert llm.decoder.proposer.stats["global"] > 0
+
+
+def test_a_draft_kind_first_seen_late_starts_from_the_requests_rate(tiny_dir):
+    """Suffix drafts come in four kinds (source x match length), each with its own acceptance
+    estimate; a kind first drafted after others were accepted starts from the request's pooled
+    rate, not from 0.5 (a prior worth one draft token either way)."""
+    llm = LLM(str(tiny_dir("llama", seed=0)), speculative={"method": "suffix", "num_speculative_tokens": 8, "adaptive_k": True})
+    dec = llm.decoder
+    req = dec.start([1, 30, 31, 32], SamplingParams(temperature=0.0, max_tokens=24))
+    assert dec._estimate(req, "global:short").rate == pytest.approx(0.5)  # nothing seen: the prior
+    for _ in range(6):  # drafts of another kind, all accepted
+        req.estimate.observe(8, 8)
+        dec._estimate(req, "request:long").observe(8, 8)
+    late = dec._estimate(req, "global:long")
+    assert late.rate == pytest.approx(req.estimate.rate) and late.rate > 0.95
+    assert late.accepted + late.rejected == pytest.approx(1.0)
+    from verispec.engine.policy import SpeculationPolicy
+    policy = SpeculationPolicy(8, cost=lambda n: 1 + 0.15 * (n - 1))
+    assert policy.best_k(late.rate) == 8 and policy.best_k(0.5) < 4  # drafts long at once
+    dec.finish(req)

@@ -264,7 +264,7 @@ class SpeculativeDecoder:
         if state is not None:
             req.view.states.append(state[rows])  # [kept rows, state_width]
         self.proposer.accept(req.view, len(out.path))
-        estimate = req.estimates.setdefault(draft.kind or "", AcceptanceEstimate())
+        estimate = self._estimate(req, draft.kind or "")
         estimate.observe_tree(draft.node_probs, draft.main_path(), out.path)
         req.estimate.observe(draft.depth, len(out.path))  # as a chain as deep (trees_cost_a_step asks it)
         # 5. emit
@@ -338,7 +338,7 @@ class SpeculativeDecoder:
             tree = self.proposer.propose_tree(req.view, depth, nodes) if depth > 0 and nodes > 0 else Draft(tokens=[])
             if not len(tree) or tree.parents is None or tree.node_probs is None:
                 return Draft(tokens=[])
-            estimate = req.estimates.setdefault(tree.kind or "", AcceptanceEstimate())
+            estimate = self._estimate(req, tree.kind or "")
             n = self.policy.tree_size(tree.node_probs, estimate, batch_size, tree.main_path())
             return tree.first(n) if n > 0 else Draft(tokens=[])
         early_exit = req.params.greedy  # see _verify; the policy weighs the chunks it may skip
@@ -348,7 +348,7 @@ class SpeculativeDecoder:
 
             def k_for(kind: str) -> int:  # once per kind and step: choose() counts steps for probing
                 if kind not in chosen:
-                    estimate = req.estimates.setdefault(kind, AcceptanceEstimate())
+                    estimate = self._estimate(req, kind)
                     cost = self.proposer.kind_cost(kind) if hasattr(self.proposer, "kind_cost") else None
                     chosen[kind] = min(self.policy.choose(estimate, batch_size, early_exit, cost), most)
                 return chosen[kind]
@@ -364,6 +364,17 @@ class SpeculativeDecoder:
             return Draft(tokens=[])
         draft = self.proposer.propose(req.view, k)
         return self._allowed(req, Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k]))
+
+    def _estimate(self, req: Request, kind: str) -> AcceptanceEstimate:
+        """The request's acceptance estimate for drafts of one kind. A kind first drafted now starts
+        from the rate the request's drafts of every kind showed so far (a prior worth one draft
+        token, as the 0.5 a request starts from), so a kind seen late does not relearn from 0.5:
+        on Gemma 3's Spec-Bench answers, which loop, suffix drafts of four kinds each started over."""
+        estimate = req.estimates.get(kind)
+        if estimate is None:
+            a = req.estimate.rate
+            estimate = req.estimates[kind] = AcceptanceEstimate(accepted=a, rejected=1.0 - a)
+        return estimate
 
     def _allowed(self, req: Request, draft: Draft) -> Draft:
         """The draft cut where its request's grammar rejects a token: nothing after it could be kept.

@@ -15,8 +15,10 @@ A token's probability is its share of the occurrences still agreeing (`count / t
 `total` counts occurrences whose text ended there), and its estimated probability of acceptance
 is the product along the path. The walk stops where that falls below `min_token_prob` or after
 `int(L * max_spec_factor)` tokens (longer matches earn longer drafts). The draft with the highest
-score (the sum of those estimates: the expected number of accepted tokens) wins, over all match
-levels and both sources.
+rank wins, over all match levels and both sources: its score (the sum of those estimates: the
+expected number of accepted tokens) over its first L tokens. A draft may run past L tokens
+(max_spec_factor > 1, as a loop's short match drafts the loop's next lap), but is not chosen for
+them: they rest on the same few occurrences as the rest.
 
 Example: earlier responses "... the result is 42 . Done" (twice) and "... the result is 7 .";
 context tail "the result is": the 3-token level has 3 occurrences; "42" follows 2 of 3 (p = 0.67),
@@ -57,8 +59,21 @@ class Candidate:
     score: float  # expected accepted tokens: the sum of the path probabilities
     match_len: int
     parents: list[int] | None = None  # a tree (`_grow`): each node's parent, -1 = the root
-    probs: list[float] | None = None  # a tree: each node's path probability
+    probs: list[float] | None = None  # each node's (a chain's: each token's) path probability
     source: str = ""  # request (the request's own text) or global (earlier responses)
+
+    @property
+    def rank(self) -> float:
+        """What candidates are chosen by: the score of the nodes no deeper than the match is long.
+        A draft may run past that (max_spec_factor > 1), but those tokens rest on the same few
+        occurrences: a 2-token match with one occurrence would otherwise outrank a 12-token
+        match's slightly less sure draft by the length of its guess."""
+        parents = self.parents if self.parents is not None else list(range(-1, len(self.tokens) - 1))
+        total, depths = 0.0, []
+        for p, q in zip(parents, self.probs or []):
+            depths.append(1 + (depths[p] if p >= 0 else 0))
+            total += q if depths[-1] <= self.match_len else 0.0
+        return total
 
 
 class TokenIndex:
@@ -112,7 +127,7 @@ class TokenIndex:
                 continue
             level = [r for r, m in zip(rows, lv) if m >= L]
             c = _grow(level, n_tokens, max_nodes, min_token_prob, L) if max_nodes else _walk(level, n_tokens, min_token_prob, L)
-            if c.tokens and (best is None or c.score > best.score):
+            if c.tokens and (best is None or c.rank > best.rank):
                 best = c
         return best
 
@@ -173,6 +188,7 @@ def _walk(rows: list[list[int]], n_tokens: int, min_token_prob: float, match_len
     `match_len` tokens): the most frequent next token while the path's probability stays at or
     above min_token_prob."""
     out: list[int] = []
+    probs: list[float] = []
     score, prob = 0.0, 1.0
     for s in range(n_tokens):
         counts = Counter(r[s] for r in rows if r[s] != END)
@@ -183,9 +199,10 @@ def _walk(rows: list[list[int]], n_tokens: int, min_token_prob: float, match_len
         if prob < min_token_prob:
             break
         out.append(token)
+        probs.append(prob)
         score += prob
         rows = [r for r in rows if r[s] == token]
-    return Candidate(out, score, match_len)
+    return Candidate(out, score, match_len, probs=probs)
 
 
 def _grow(rows: list[list[int]], depth: int, max_nodes: int, min_token_prob: float, match_len: int) -> Candidate:
@@ -257,7 +274,7 @@ class SuffixProposer:
     labels_drafts = True  # kinds: request/global x long/short match, each with its acceptance estimate
     proposes_trees = True  # the occurrences' other continuations are the tree's branches
 
-    def __init__(self, max_depth: int = 24, max_cached_requests: int = 10000, max_spec_factor: float = 1.0,
+    def __init__(self, max_depth: int = 24, max_cached_requests: int = 10000, max_spec_factor: float = 4.0,
                  min_token_prob: float = 0.1) -> None:
         self.max_depth = max_depth
         self.max_spec_factor = max_spec_factor
@@ -333,7 +350,7 @@ class SuffixProposer:
         # its random stream is consumed, and its tokens must not depend on what else the engine served
         seeded = seq.params.seed is not None and not seq.params.greedy
         theirs = None if seeded else self.responses.index.best(*args, max_nodes=max_nodes)
-        pick = max((c for c in (mine, theirs) if c is not None), key=lambda c: c.score, default=None)
+        pick = max((c for c in (mine, theirs) if c is not None), key=lambda c: c.rank, default=None)
         if pick is not None:
             pick.source = "request" if pick is mine else "global"
         return pick
@@ -341,7 +358,8 @@ class SuffixProposer:
     def draft_of(self, pick: Candidate) -> Draft:
         """A candidate as a Draft, labelled by source and match length (and counted)."""
         self.stats[pick.source] += 1
-        return Draft(tokens=pick.tokens, parents=pick.parents, node_probs=pick.probs, kind=self.kind_of(pick))
+        return Draft(tokens=pick.tokens, parents=pick.parents, node_probs=pick.probs if pick.parents is not None else None,
+                     kind=self.kind_of(pick))
 
     @staticmethod
     def kind_of(pick: Candidate) -> str:

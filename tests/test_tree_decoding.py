@@ -87,6 +87,22 @@ def test_greedy_trees_identical_to_plain(family, k, nodes, adaptive, monkeypatch
         assert len(o.token_ids) == 1 + (m.num_target_forwards - 1) + m.num_accepted_tokens
 
 
+def test_greedy_tree_logprobs_identical_to_plain(family, monkeypatch):
+    """Logprobs through token trees: each emitted token's row is its accepted path's, bit for bit."""
+    target, ps, _, _ = family
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=3)
+    flat = lambda outs: [[(lp.token_id, lp.logprob, lp.rank, lp.top) for lp in o.outputs[0].logprobs] for o in outs]  # noqa: E731
+    ref = LLM(str(target)).generate(ps, params)
+    llm = LLM(str(target), speculative={"method": "suffix", "num_speculative_tokens": 8, "tree_max_nodes": 16, "adaptive_k": False})
+    kept = []  # accepted path lengths of the trees verified
+    real = SpeculativeDecoder._tree_step
+    monkeypatch.setattr(SpeculativeDecoder, "_tree_step", lambda self, req, *a: kept.append(len(x := real(self, req, *a))) or x)
+    outs = llm.generate(ps, params)
+    assert max(kept) > 2, "no tree kept a path of two drafts: the test would not exercise their rows"
+    assert [o.token_ids for o in outs] == [o.token_ids for o in ref]
+    assert flat(outs) == flat(ref)
+
+
 def test_requests_that_process_logits_keep_chains(family):
     target, ps, _, _ = family
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, presence_penalty=0.5)

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from verispec.config import SpeculativeConfig as _DEFAULTS  # the options' defaults: one source of truth
 from verispec.errors import InvalidSpeculativeConfigError
 from verispec.proposers.base import Draft, SequenceView, register
 
@@ -274,8 +275,10 @@ class SuffixProposer:
     labels_drafts = True  # kinds: request/global x long/short match, each with its acceptance estimate
     proposes_trees = True  # the occurrences' other continuations are the tree's branches
 
-    def __init__(self, max_depth: int = 24, max_cached_requests: int = 10000, max_spec_factor: float = 4.0,
-                 min_token_prob: float = 0.1) -> None:
+    def __init__(self, max_depth: int = _DEFAULTS.suffix_decoding_max_tree_depth,
+                 max_cached_requests: int = _DEFAULTS.suffix_decoding_max_cached_requests,
+                 max_spec_factor: float = _DEFAULTS.suffix_decoding_max_spec_factor,
+                 min_token_prob: float = _DEFAULTS.suffix_decoding_min_token_prob) -> None:
         self.max_depth = max_depth
         self.max_spec_factor = max_spec_factor
         self.min_token_prob = min_token_prob

@@ -140,13 +140,12 @@ class TokenIndex:
         pos = self.where.get(self._key(tail[-2], tail[-1]))
         if pos is None:
             return None
-        p = np.frombuffer(pos, dtype=np.int64)
-        p = p[p - 1 >= self.live_from]
-        if exclude_from is not None:
-            p = p[p < exclude_from - 1]
+        p = np.frombuffer(pos, dtype=np.int64)  # ascending: the live ones, then those before exclude_from, by bisection
+        lo = int(np.searchsorted(p, self.live_from + 1))
+        hi = p.size if exclude_from is None else int(np.searchsorted(p, exclude_from - 1))
+        p = p[max(lo, hi - MAX_CANDIDATES) : hi]
         if p.size == 0:
             return None
-        p = p[-MAX_CANDIDATES:]
         toks = np.frombuffer(self.tokens, dtype=np.int32)
         levels = self._match_lengths(toks, p, tail, max_depth)  # [n] tokens of tail matched at each
         # continuations [n, k]: END past a document's end (and past the index's end)

@@ -268,8 +268,8 @@ class SpeculativeDecoder:
         estimate.observe_tree(draft.node_probs, draft.main_path(), out.path)
         req.estimate.observe(draft.depth, len(out.path))  # as a chain as deep (trees_cost_a_step asks it)
         # 5. emit
-        keep = req.logprobs is not None  # the path's rows are gathered only for logprobs (~0.5 ms a step)
-        emitted = self._emit(req, out.tokens, logits[rows] if keep else None, dist[rows] if keep else None)
+        rows_wanted = req.logprobs is not None  # the path's rows are gathered only for logprobs (~0.5 ms a step)
+        emitted = self._emit(req, out.tokens, logits[rows] if rows_wanted else None, dist[rows] if rows_wanted else None)
         req.metrics.observe_draft(len(draft), min(len(out.path), len(emitted)), draft.depth)
         return emitted
 

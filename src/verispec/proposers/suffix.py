@@ -57,11 +57,15 @@ MAX_LEVELS = 4  # match levels walked per source (the longest ones)
 @dataclass
 class Candidate:
     tokens: list[int]
-    score: float  # expected accepted tokens: the sum of the path probabilities
+    probs: list[float]  # each node's (a chain's: each token's) path probability
     match_len: int
     parents: list[int] | None = None  # a tree (`_grow`): each node's parent, -1 = the root
-    probs: list[float] | None = None  # each node's (a chain's: each token's) path probability
     source: str = ""  # request (the request's own text) or global (earlier responses)
+
+    @property
+    def score(self) -> float:
+        """Expected accepted tokens: the sum of the path probabilities."""
+        return sum(self.probs)
 
     @property
     def rank(self) -> float:
@@ -71,7 +75,7 @@ class Candidate:
         match's slightly less sure draft by the length of its guess."""
         parents = self.parents if self.parents is not None else list(range(-1, len(self.tokens) - 1))
         total, depths = 0.0, []
-        for p, q in zip(parents, self.probs or []):
+        for p, q in zip(parents, self.probs):
             depths.append(1 + (depths[p] if p >= 0 else 0))
             total += q if depths[-1] <= self.match_len else 0.0
         return total
@@ -189,7 +193,7 @@ def _walk(rows: list[list[int]], n_tokens: int, min_token_prob: float, match_len
     above min_token_prob."""
     out: list[int] = []
     probs: list[float] = []
-    score, prob = 0.0, 1.0
+    prob = 1.0
     for s in range(n_tokens):
         counts = Counter(r[s] for r in rows if r[s] != END)
         if not counts:
@@ -200,9 +204,8 @@ def _walk(rows: list[list[int]], n_tokens: int, min_token_prob: float, match_len
             break
         out.append(token)
         probs.append(prob)
-        score += prob
         rows = [r for r in rows if r[s] == token]
-    return Candidate(out, score, match_len, probs=probs)
+    return Candidate(out, probs, match_len)
 
 
 def _grow(rows: list[list[int]], depth: int, max_nodes: int, min_token_prob: float, match_len: int) -> Candidate:
@@ -234,7 +237,7 @@ def _grow(rows: list[list[int]], depth: int, max_nodes: int, min_token_prob: flo
         parents.append(parent)
         probs.append(-neg)
         expand(len(tokens) - 1, s + 1, agreeing, -neg)
-    return Candidate(tokens, sum(probs), match_len, parents, probs)
+    return Candidate(tokens, probs, match_len, parents)
 
 
 class GlobalResponses:

@@ -56,6 +56,15 @@ def test_long_drafts_from_short_matches_do_not_outrank_long_matches():
     assert ix.best([9, 20, 21], k=8, max_depth=24, max_spec_factor=1.0, min_token_prob=0.1).tokens == long_tail[:2]
 
 
+def test_equal_counts_go_the_way_the_most_recent_occurrence_went():
+    # "20 21" occurred twice, followed by 30 then by 31: a tie, broken by recency (text being copied,
+    # or a loop, goes on as it went last), whichever token id is smaller
+    for first, last in ((30, 31), (31, 30)):
+        ix = index_of([1, 20, 21, first, 2], [3, 20, 21, last, 4])
+        c = ix.best([9, 20, 21], k=2, max_depth=24, max_spec_factor=1.0, min_token_prob=0.1)
+        assert c.tokens == [last, 4] and c.probs == [0.5, 0.5]
+
+
 def test_no_draft_without_an_earlier_occurrence():
     ix = index_of([1, 2, 3, 4])
     assert ix.best([5, 6], 4, 24, 1.0, 0.1) is None
@@ -93,8 +102,8 @@ def test_earlier_responses_draft_for_later_requests_and_are_bounded():
     v = SequenceView(99, [50, 3, 4], 3, greedy, None, 100)
     p.begin(v)
     # 2 matched, factor 4: 5 6 7, on which the 3 cached responses agree, then 1007, 1008 or 1009
-    # (a third each, above min_token_prob: the smaller id)
-    assert p.propose(v, 8).tokens == [5, 6, 7, 1007]
+    # (a third each, above min_token_prob: the most recent response's)
+    assert p.propose(v, 8).tokens == [5, 6, 7, 1009]
     assert p.stats["global"] == 1
     # a seeded sampled request does not draft from other requests' responses
     seeded = SequenceView(100, [50, 3, 4], 3, SamplingParams(temperature=1.0, seed=1), None, 100)
@@ -110,7 +119,7 @@ def test_compaction_keeps_the_drafts():
     store.index.compact()
     assert store.index.live_from == 0
     assert store.index.best([1, 2], 4, 24, 1.0, 0.1) == before
-    assert before.tokens == [3, 4]  # the last two responses: "3" certain, then 4 or 5 at 1/2 (ties: the smaller id)
+    assert before.tokens == [3, 4]  # the last two responses: "3" certain, then 4 or 5 at 1/2 (ties: the most recent, 4)
     assert before.score == pytest.approx(1.5)
     assert len(store.index) == 2 * 5
 
@@ -157,21 +166,33 @@ def test_one_engine_shares_its_responses_across_requests(tiny_dir):
     assert llm.decoder.proposer.stats["global"] > 0
 
 
-def test_a_draft_kind_first_seen_late_starts_from_the_requests_rate(tiny_dir):
+def test_a_draft_kind_first_seen_late_starts_from_its_sources_rate(tiny_dir):
     """Suffix drafts come in four kinds (source x match length), each with its own acceptance
-    estimate; a kind first drafted after others were accepted starts from the request's pooled
-    rate, not from 0.5 (a prior worth one draft token either way)."""
+    estimate; a kind first drafted after others of its source starts from their rate in this
+    request, not from 0.5 (a prior worth one draft token either way); a source's first kind from
+    0.5, whatever the other source's drafts did."""
     llm = LLM(str(tiny_dir("llama", seed=0)), speculative={"method": "suffix", "num_speculative_tokens": 8, "adaptive_k": True})
     dec = llm.decoder
     req = dec.start([1, 30, 31, 32], SamplingParams(temperature=0.0, max_tokens=24))
     assert dec._estimate(req, "global:short").rate == pytest.approx(0.5)  # nothing seen: the prior
-    for _ in range(6):  # drafts of another kind, all accepted
+    for _ in range(6):  # drafts of another kind of the request's own text, all accepted
         req.estimate.observe(8, 8)
-        dec._estimate(req, "request:long").observe(8, 8)
-    late = dec._estimate(req, "global:long")
-    assert late.rate == pytest.approx(req.estimate.rate) and late.rate > 0.95
+        dec._estimate(req, "request:short").observe(8, 8)
+    late = dec._estimate(req, "request:long")
+    assert late.rate == pytest.approx(dec._estimate(req, "request:short").rate) and late.rate > 0.95
     assert late.accepted + late.rejected == pytest.approx(1.0)
     from verispec.engine.policy import SpeculationPolicy
     policy = SpeculationPolicy(8, cost=lambda n: 1 + 0.15 * (n - 1))
     assert policy.best_k(late.rate) == 8 and policy.best_k(0.5) < 4  # drafts long at once
+    for _ in range(3):  # the earlier responses' drafts all failed: the other source does not inherit that
+        req.estimate.observe(8, 0)
+        dec._estimate(req, "global:short").observe(8, 0)
+    assert dec._estimate(req, "global:long").rate < 0.2
+    assert dec._estimate(req, "request:new").rate > 0.95
     dec.finish(req)
+    fresh = dec.start([1, 30, 31, 32], SamplingParams(temperature=0.0, max_tokens=24))
+    for _ in range(3):
+        fresh.estimate.observe(8, 0)
+        dec._estimate(fresh, "global:short").observe(8, 0)
+    assert dec._estimate(fresh, "request:short").rate == pytest.approx(0.5)
+    dec.finish(fresh)

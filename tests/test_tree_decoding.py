@@ -23,14 +23,15 @@ from test_lossless_greedy import prompts
 
 def test_grow_builds_best_first_trees():
     c = _grow([[5, 6], [5, 6], [5, 7], [9, 1]], depth=2, max_nodes=10, min_token_prob=0.0, match_len=2)
-    assert c.tokens == [5, 6, 7, 9, 1] and c.parents == [-1, 0, 0, -1, 3]
+    # at 0.25: 9 and 9-1 (the most recent occurrence, the last row) before 5-7
+    assert c.tokens == [5, 6, 9, 1, 7] and c.parents == [-1, 0, -1, 2, 0]
     assert c.probs == [0.75, 0.5, 0.25, 0.25, 0.25] and c.score == pytest.approx(2.0)
     assert _grow([[5, 6], [5, 6], [5, 7], [9, 1]], 2, 2, 0.0, 2).tokens == [5, 6]  # the best 2 nodes
     assert _grow([[5, 6], [5, 6], [5, 7], [9, 1]], 2, 10, 0.3, 2).tokens == [5, 6]  # the rest below 0.3
-    tree = Draft([5, 6, 7, 9, 1], parents=c.parents, node_probs=c.probs)
+    tree = Draft(c.tokens, parents=c.parents, node_probs=c.probs)
     assert tree.main_path() == [True, True, False, False, False]
     assert Draft([1, 2, 3], parents=[-1, -1, 1]).main_path() == [True, False, False]
-    assert tree.first(3).parents == [-1, 0, 0] and tree.first(3).node_probs == [0.75, 0.5, 0.25]
+    assert tree.first(3).parents == [-1, 0, -1] and tree.first(3).node_probs == [0.75, 0.5, 0.25]
     with pytest.raises(ValueError, match="earlier node"):
         Draft([5, 6], parents=[-1, 1])
 

@@ -367,14 +367,24 @@ class SpeculativeDecoder:
         return self._allowed(req, Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k]))
 
     def _estimate(self, req: Request, kind: str) -> AcceptanceEstimate:
-        """The request's acceptance estimate for drafts of one kind. A kind first drafted now starts
-        from the rate the request's drafts of every kind showed so far (a prior worth one draft
-        token, as the 0.5 a request starts from), so a kind seen late does not relearn from 0.5:
-        on Gemma 3's Spec-Bench answers, which loop, suffix drafts of four kinds each started over."""
+        """The request's acceptance estimate for drafts of one kind ("source:detail", Draft.kind).
+        A kind first drafted now starts from the rate the request's drafts of the same source
+        showed so far (a prior worth one draft token), else from a new request's prior: on Gemma
+        3's Spec-Bench answers, which loop, a long match in the request's own text first seen after
+        many short ones relearnt from 0.5; on SmolLM2's factual answers (Spec-Bench qa) two failed
+        drafts from earlier responses held back the request's own (the request's rate over every
+        kind as the prior: 1.21 tokens a step there, against 1.32 for prompt lookup and 1.28 now)."""
         estimate = req.estimates.get(kind)
         if estimate is None:
-            a = req.estimate.rate
-            estimate = req.estimates[kind] = AcceptanceEstimate(accepted=a, rejected=1.0 - a)
+            source = kind.split(":")[0]
+            same = [e for k, e in req.estimates.items() if k.split(":")[0] == source]
+            if same:
+                accepted, rejected = sum(e.accepted for e in same), sum(e.rejected for e in same)
+                a = accepted / (accepted + rejected)
+                estimate = AcceptanceEstimate(accepted=a, rejected=1.0 - a)
+            else:
+                estimate = AcceptanceEstimate()
+            req.estimates[kind] = estimate
         return estimate
 
     def _allowed(self, req: Request, draft: Draft) -> Draft:

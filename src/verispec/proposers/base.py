@@ -41,7 +41,9 @@ class Draft:
     # Drafts of one kind share an acceptance estimate in the k policy (engine/policy.py). A drafter
     # whose drafts differ in reliability labels them (suffix decoding: long or short matches, in the
     # request's own text or in earlier responses) and sets `labels_drafts`: it is then asked for up
-    # to the policy's largest k, and its draft cut to the k its kind's estimate pays for.
+    # to the policy's largest k, and its draft cut to the k its kind's estimate pays for. A kind
+    # reads "source:detail" ("request:long"): a kind first drafted starts from what its source's
+    # other kinds showed in the request (SpeculativeDecoder._estimate).
     kind: str | None = None
 
     def __post_init__(self) -> None:

@@ -189,16 +189,17 @@ class TokenIndex:
 
 def _walk(rows: list[list[int]], n_tokens: int, min_token_prob: float, match_len: int) -> Candidate:
     """Greedy walk down the continuations `rows` (the occurrences of the match level's
-    `match_len` tokens): the most frequent next token while the path's probability stays at or
-    above min_token_prob."""
+    `match_len` tokens, oldest first): the most frequent next token while the path's probability
+    stays at or above min_token_prob. Ties: the most recent occurrence's token (text being copied
+    or a loop goes on as it went last; prompt lookup, too, takes the most recent match)."""
     out: list[int] = []
     probs: list[float] = []
     prob = 1.0
     for s in range(n_tokens):
-        counts = Counter(r[s] for r in rows if r[s] != END)
+        counts = Counter(r[s] for r in reversed(rows) if r[s] != END)  # the most recent occurrence's token first
         if not counts:
             break
-        token, count = max(counts.items(), key=lambda kv: (kv[1], -kv[0]))  # ties: the smaller id
+        token, count = max(counts.items(), key=lambda kv: kv[1])  # ties: the first counted
         prob *= count / len(rows)
         if prob < min_token_prob:
             break
@@ -209,30 +210,38 @@ def _walk(rows: list[list[int]], n_tokens: int, min_token_prob: float, match_len
 
 
 def _grow(rows: list[list[int]], depth: int, max_nodes: int, min_token_prob: float, match_len: int) -> Candidate:
-    """A token tree over the continuations `rows`, best first: the node with the highest path
-    probability (its share of the occurrences agreeing so far, multiplied along its path) joins
-    next, then its children become candidates; up to max_nodes nodes, `depth` deep, none below
-    min_token_prob. Nodes come out best first and parents before children, so any first n of
-    them are a tree too (Draft.node_probs). Ties: the smaller token first, as `_walk`.
-    Example: rows [[5, 6], [5, 6], [5, 7], [9, 1]], depth 2: nodes 5 (0.75), 5-6 (0.5), 5-7
-    (0.25), 9 (0.25), 9-1 (0.25): tokens [5, 6, 7, 9, 1], parents [-1, 0, 0, -1, 3]."""
+    """A token tree over the continuations `rows` (oldest first), best first: the node with the
+    highest path probability (its share of the occurrences agreeing so far, multiplied along its
+    path) joins next, then its children become candidates; up to max_nodes nodes, `depth` deep,
+    none below min_token_prob. Nodes come out best first and parents before children, so any
+    first n of them are a tree too (Draft.node_probs). Ties: the node whose most recent
+    occurrence is the later one first, as `_walk`.
+    Example: rows [[5, 6], [5, 6], [5, 7], [9, 1]], depth 2: nodes 5 (0.75), 5-6 (0.5), then at
+    0.25 9 and 9-1 (the last row) before 5-7: tokens [5, 6, 9, 1, 7], parents [-1, 0, -1, 2, 0]."""
     tokens: list[int] = []
     parents: list[int] = []
     probs: list[float] = []
     heap: list[tuple] = []
     order = itertools.count()
 
-    def expand(node: int, s: int, rows: list[list[int]], prob: float) -> None:
+    def expand(node: int, s: int, rows: list[tuple[int, list[int]]], prob: float) -> None:
         if s >= depth:
             return
-        for token, count in Counter(r[s] for r in rows if r[s] != END).items():
+        counts: Counter = Counter()
+        latest: dict[int, int] = {}  # token -> the index of its most recent occurrence
+        for i, r in rows:
+            if r[s] != END:
+                counts[r[s]] += 1
+                latest[r[s]] = i
+        for token, count in counts.items():
             p = prob * count / len(rows)
             if p >= min_token_prob:
-                heapq.heappush(heap, (-p, token, next(order), node, s, [r for r in rows if r[s] == token]))
+                agreeing = [(i, r) for i, r in rows if r[s] == token]
+                heapq.heappush(heap, (-p, -latest[token], next(order), token, node, s, agreeing))
 
-    expand(-1, 0, rows, 1.0)
+    expand(-1, 0, list(enumerate(rows)), 1.0)
     while heap and len(tokens) < max_nodes:
-        neg, token, _, parent, s, agreeing = heapq.heappop(heap)
+        neg, _, _, token, parent, s, agreeing = heapq.heappop(heap)
         tokens.append(token)
         parents.append(parent)
         probs.append(-neg)

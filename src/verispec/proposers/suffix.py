@@ -1,7 +1,7 @@
 """Suffix decoding: drafts from the request's own text and from every response this engine gave
 before (the method of Arctic Inference and vLLM's `suffix`), with no model and no training.
 
-Two sources, each a `TokenIndex` (documents of token ids, and where every bigram occurs):
+Two sources, each a `TokenIndex` (documents of token ids, and where every bigram and token occurs):
 - the request's own prompt + output, growing as it decodes;
 - the engine's earlier responses (`GlobalResponses`): shared by all requests of an engine or a
   server, filled as requests end (each after the last 8 tokens of its prompt, so that a response's
@@ -18,7 +18,9 @@ is the product along the path. The walk stops where that falls below `min_token_
 rank wins, over all match levels and both sources: its score (the sum of those estimates: the
 expected number of accepted tokens) over its first L tokens. A draft may run past L tokens
 (max_spec_factor > 1, as a loop's short match drafts the loop's next lap), but is not chosen for
-them: they rest on the same few occurrences as the rest.
+them: they rest on the same few occurrences as the rest. Where neither source has the tail's last
+two tokens, its last token alone is the match (L = 1): after a word new to both (a batch job's
+next input value), what followed the template's next token elsewhere.
 
 Example: earlier responses "... the result is 42 . Done" (twice) and "... the result is 7 .";
 context tail "the result is": the 3-token level has 3 occurrences; "42" follows 2 of 3 (p = 0.67),
@@ -82,12 +84,13 @@ class Candidate:
 
 
 class TokenIndex:
-    """Documents of token ids back to back (each followed by END) and, for every bigram, the
-    positions of its second token, oldest first. Positions below `live_from` are evicted."""
+    """Documents of token ids back to back (each followed by END) and, for every bigram and every
+    token, the positions of its (last) token, oldest first. Positions below `live_from` are evicted."""
 
     def __init__(self) -> None:
         self.tokens = array("i")
-        self.where: dict[int, array] = {}
+        self.where: dict[int, array] = {}  # bigram key -> positions of its second token
+        self.where_token: dict[int, array] = {}  # token -> its positions (where its bigram never occurred)
         self.live_from = 0
 
     def __len__(self) -> int:
@@ -99,7 +102,7 @@ class TokenIndex:
 
     def extend(self, ids: list[int]) -> None:
         """Append tokens to the last (open) document."""
-        toks, where = self.tokens, self.where
+        toks, where, single = self.tokens, self.where, self.where_token
         prev = toks[-1] if toks else END
         for t in ids:
             if prev != END:
@@ -108,6 +111,10 @@ class TokenIndex:
                 if pos is None:
                     pos = where[key] = array("q")
                 pos.append(len(toks))
+            pos = single.get(t)
+            if pos is None:
+                pos = single[t] = array("q")
+            pos.append(len(toks))
             toks.append(t)
             prev = t
 
@@ -117,11 +124,12 @@ class TokenIndex:
             self.tokens.append(END)
 
     def best(self, tail: list[int], k: int, max_depth: int, max_spec_factor: float, min_token_prob: float,
-             exclude_from: int | None = None, max_nodes: int = 0) -> Candidate | None:
+             exclude_from: int | None = None, max_nodes: int = 0, one_token: bool = False) -> Candidate | None:
         """The best draft of up to k tokens continuing `tail`, or None. Occurrences at or after
         `exclude_from` are ignored (the tail itself, in the request's own index). `max_nodes` > 0:
-        a tree of up to that many nodes, k deep at most (`_grow`), instead of a chain."""
-        found = self._occurrences(tail, k, max_depth, exclude_from)
+        a tree of up to that many nodes, k deep at most (`_grow`), instead of a chain. `one_token`:
+        the occurrences of the tail's last token (where no source has its last two)."""
+        found = self._occurrences(tail, k, max_depth, exclude_from, one_token)
         if found is None:
             return None
         rows, lv = found
@@ -136,19 +144,18 @@ class TokenIndex:
                 best = c
         return best
 
-    def _occurrences(self, tail: list[int], k: int, max_depth: int, exclude_from: int | None) -> tuple[list[list[int]], list[int]] | None:
-        """The occurrences of the tail's last bigram (the most recent MAX_CANDIDATES): what followed
-        each ([n][k] tokens, END past a document) and how many tokens of the tail each matched."""
+    def _occurrences(self, tail: list[int], k: int, max_depth: int, exclude_from: int | None,
+                     one_token: bool = False) -> tuple[list[list[int]], list[int]] | None:
+        """The occurrences of the tail's last bigram (`one_token`: of its last token) (the most
+        recent MAX_CANDIDATES): what followed each ([n][k] tokens, END past a document) and how many
+        tokens of the tail each matched."""
         if len(tail) < 2 or k < 1:
             return None
-        pos = self.where.get(self._key(tail[-2], tail[-1]))
-        if pos is None:
-            return None
-        p = np.frombuffer(pos, dtype=np.int64)  # ascending: the live ones, then those before exclude_from, by bisection
-        lo = int(np.searchsorted(p, self.live_from + 1))
-        hi = p.size if exclude_from is None else int(np.searchsorted(p, exclude_from - 1))
-        p = p[max(lo, hi - MAX_CANDIDATES) : hi]
-        if p.size == 0:
+        if one_token:
+            p = self._live(self.where_token.get(tail[-1]), 0, exclude_from)
+        else:
+            p = self._live(self.where.get(self._key(tail[-2], tail[-1])), 1, exclude_from)
+        if p is None:
             return None
         toks = np.frombuffer(self.tokens, dtype=np.int32)
         levels = self._match_lengths(toks, p, tail, max_depth)  # [n] tokens of tail matched at each
@@ -156,6 +163,17 @@ class TokenIndex:
         idx = p[:, None] + 1 + np.arange(k)
         cont = np.where(idx < len(toks), toks[np.minimum(idx, len(toks) - 1)], END)
         return cont.tolist(), levels.tolist()
+
+    def _live(self, pos: array | None, first: int, exclude_from: int | None) -> np.ndarray | None:
+        """The most recent MAX_CANDIDATES positions of `pos` whose match (`first` tokens before the
+        position) is live and which lie before exclude_from - 1 (the request's own tail), or None."""
+        if pos is None:
+            return None
+        p = np.frombuffer(pos, dtype=np.int64)  # ascending: bisection finds the live ones before exclude_from
+        lo = int(np.searchsorted(p, self.live_from + first))
+        hi = p.size if exclude_from is None else int(np.searchsorted(p, exclude_from - 1))
+        p = p[max(lo, hi - MAX_CANDIDATES) : hi]
+        return p if p.size else None
 
     def _match_lengths(self, toks: np.ndarray, p: np.ndarray, tail: list[int], max_depth: int) -> np.ndarray:
         """How many tokens of `tail` end at each position of p (at most max_depth): one gather of
@@ -170,7 +188,7 @@ class TokenIndex:
         """Drop the evicted prefix and rebuild the bigram positions (amortised: called when at
         least half the index is evicted)."""
         live = self.tokens[self.live_from :]
-        self.tokens, self.where, self.live_from = array("i"), {}, 0
+        self.tokens, self.where, self.where_token, self.live_from = array("i"), {}, {}, 0
         start = 0
         for i, t in enumerate(live):
             if t == END:
@@ -182,9 +200,10 @@ class TokenIndex:
 
     @property
     def nbytes(self) -> int:
-        """Memory held: the tokens, the position arrays and the dictionary's entries (estimated)."""
-        return (self.tokens.itemsize * len(self.tokens) + sum(a.itemsize * len(a) for a in self.where.values())
-                + len(self.where) * 150)
+        """Memory held: the tokens, the position arrays and the dictionaries' entries (estimated)."""
+        positions = itertools.chain(self.where.values(), self.where_token.values())
+        return (self.tokens.itemsize * len(self.tokens) + sum(a.itemsize * len(a) for a in positions)
+                + (len(self.where) + len(self.where_token)) * 150)
 
 
 def _walk(rows: list[list[int]], n_tokens: int, min_token_prob: float, match_len: int) -> Candidate:
@@ -283,7 +302,7 @@ LONG_MATCH = 8  # matched tokens from which a draft counts as a long match (its 
 @register("suffix")
 class SuffixProposer:
     relative_cost = 0.0  # index lookups: small next to a forward
-    labels_drafts = True  # kinds: request/global x long/short match, each with its acceptance estimate
+    labels_drafts = True  # kinds: request/global x long/short/one-token match, each with its acceptance estimate
     proposes_trees = True  # the occurrences' other continuations are the tree's branches
 
     def __init__(self, max_depth: int = _DEFAULTS.suffix_decoding_max_tree_depth,
@@ -359,11 +378,17 @@ class SuffixProposer:
         own = self._own(seq)
         tail = seq.tokens[-self.max_depth :]
         args = (tail, k, self.max_depth, self.max_spec_factor, self.min_token_prob)
-        mine = own.best(*args, exclude_from=len(own.tokens), max_nodes=max_nodes)
         # A seeded sampled request drafts from its own text only: which drafts it gets decides how
         # its random stream is consumed, and its tokens must not depend on what else the engine served
         seeded = seq.params.seed is not None and not seq.params.greedy
+        mine = own.best(*args, exclude_from=len(own.tokens), max_nodes=max_nodes)
         theirs = None if seeded else self.responses.index.best(*args, max_nodes=max_nodes)
+        if mine is None and theirs is None:  # no source has the tail's last two tokens: its last token alone,
+            # from the sources whose one-token drafts the policy would still verify (seq.k_for, when asked)
+            wanted = lambda source: seq.k_for is None or seq.k_for(f"{source}:one") > 0  # noqa: E731
+            mine = own.best(*args, exclude_from=len(own.tokens), max_nodes=max_nodes, one_token=True) if wanted("request") else None
+            if not seeded and wanted("global"):
+                theirs = self.responses.index.best(*args, max_nodes=max_nodes, one_token=True)
         pick = max((c for c in (mine, theirs) if c is not None), key=lambda c: c.rank, default=None)
         if pick is not None:
             pick.source = "request" if pick is mine else "global"
@@ -372,13 +397,14 @@ class SuffixProposer:
     def draft_of(self, pick: Candidate) -> Draft:
         """A candidate as a Draft, labelled by source and match length (and counted)."""
         self.stats[pick.source] += 1
-        return Draft(tokens=pick.tokens, parents=pick.parents, node_probs=pick.probs if pick.parents is not None else None,
-                     kind=self.kind_of(pick))
+        return Draft(tokens=pick.tokens, parents=pick.parents, node_probs=pick.probs, kind=self.kind_of(pick))
 
     @staticmethod
     def kind_of(pick: Candidate) -> str:
-        """A candidate's draft kind: its source and whether its match is long."""
-        return f"{pick.source}:{'long' if pick.match_len >= LONG_MATCH else 'short'}"
+        """A candidate's draft kind: its source and its match's length: long, short, or one token
+        (drafts from one matched token are right less often: apart, they do not cut the others' k)."""
+        length = "long" if pick.match_len >= LONG_MATCH else "one" if pick.match_len == 1 else "short"
+        return f"{pick.source}:{length}"
 
     def accept(self, seq: SequenceView, num_accepted: int) -> None:
         pass

@@ -198,59 +198,6 @@ def test_a_draft_kind_first_seen_late_starts_from_its_sources_rate(tiny_dir):
     dec.finish(fresh)
 
 
-def test_chains_are_cut_where_their_own_estimates_stop_paying():
-    from verispec.engine.policy import AcceptanceEstimate, SpeculationPolicy
-
-    policy = SpeculationPolicy(8, cost=lambda n: 1 + 0.15 * (n - 1))
-    assert policy.chain_cut([1.0, 0.9, 0.2, 0.1], AcceptanceEstimate()) == 2  # the docstring's example
-    assert policy.chain_cut([1.0] * 8, AcceptanceEstimate()) == 8
-    assert policy.chain_cut([0.1, 0.05], AcceptanceEstimate()) == 0
-    overconfident = AcceptanceEstimate()
-    for _ in range(20):  # chains whose sure-looking tokens were never accepted: calibration falls
-        overconfident.observe_tree([1.0] * 4, [True] * 4, [])
-    assert policy.chain_cut([1.0] * 4, overconfident) == 0
-    assert SpeculationPolicy(8, adaptive=False).chain_cut([0.1] * 5, overconfident) == 5
-
-
-def test_the_decoder_cuts_a_suffix_chain_by_its_path_probabilities(tiny_dir, monkeypatch):
-    """A chain whose first two tokens are sure and the rest nearly hopeless is verified two tokens
-    long, however well its kind has done; without its probabilities (the negative control) the
-    kind's estimate alone sizes it, longer."""
-    from verispec.proposers.suffix import Candidate
-
-    target = str(tiny_dir("llama", seed=0))
-    prompt, params = [1, 30, 31, 32], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
-    ref = LLM(target).generate([prompt], params)[0].token_ids
-
-    def verified_lengths(keep_probs: bool) -> list[int]:
-        llm = LLM(target, speculative={"method": "suffix", "num_speculative_tokens": 8, "adaptive_k": True})
-        dec, seen = llm.decoder, []
-
-        def candidate(seq, k, max_nodes=0):  # the next two tokens right and sure, then wrong ones at 0.01
-            done = len(seq.tokens) - len(prompt)
-            tokens = (ref[done : done + 2] + [3] * 6)[:k]
-            return Candidate(tokens, ([1.0, 1.0] + [0.01] * 6)[: len(tokens)], match_len=12, source="request")
-
-        monkeypatch.setattr(dec.proposer, "candidate", candidate)
-        if not keep_probs:
-            draft_of = dec.proposer.draft_of
-            monkeypatch.setattr(dec.proposer, "draft_of", lambda pick: _without_probs(draft_of(pick)))
-        verify = dec._verify
-        monkeypatch.setattr(dec, "_verify", lambda reqs, drafts: (seen.extend(len(d) for d in drafts), verify(reqs, drafts))[1])
-        out = llm.generate([prompt], params)[0]
-        assert out.token_ids == ref
-        return [n for n in seen if n]
-
-    cut = verified_lengths(keep_probs=True)
-    assert cut and max(cut) == 2
-    assert max(verified_lengths(keep_probs=False)) > 2
-
-
-def _without_probs(draft):
-    draft.node_probs = None
-    return draft
-
-
 def test_one_token_matches_only_where_no_source_has_the_last_two():
     p = SuffixProposer(max_cached_requests=10)
     greedy = SamplingParams(temperature=0)

@@ -188,20 +188,6 @@ class SpeculationPolicy:
             return 0
         if not self.adaptive:
             return len(node_probs)
-        return self._paying(self._nodes_paying(node_probs, estimate, main), estimate, False)
-
-    def chain_cut(self, node_probs: list[float], estimate: AcceptanceEstimate) -> int:
-        """How many of a chain's first tokens its own estimates (each token's path probability,
-        times the calibration its kind showed) pay for, at most len(node_probs): a chain whose k
-        the kind's acceptance rate chose, cut where its own evidence thins out (a one-token match
-        among 64 occurrences: 0.3, then 0.1). Example, on a curve where each row adds 0.15: probs
-        [1.0, 0.9, 0.2, 0.1] keep 2."""
-        if not node_probs or not self.adaptive:
-            return len(node_probs)
-        return self._nodes_paying(node_probs, estimate, None)
-
-    def _nodes_paying(self, node_probs: list[float], estimate: AcceptanceEstimate, main: list[bool] | None) -> int:
-        """The n whose first n nodes give the most expected tokens per unit of cost (0: none)."""
         c, cb, per_node = estimate.calibration, estimate.branch_calibration, self.draft_cost + DRAFT_OVERHEAD
         best_n, best, expected = 0, 1.0 / self.cost(1), 1.0
         for n, p in enumerate(node_probs, 1):
@@ -209,7 +195,7 @@ class SpeculationPolicy:
             rate = expected / (self.cost(n + 1) + n * per_node)
             if rate > best:
                 best_n, best = n, rate
-        return best_n
+        return self._paying(best_n, estimate, False)
 
     def _paying(self, k: int, estimate: AcceptanceEstimate, early_exit: bool, draft_cost: float | None = None) -> int:
         """k where drafting pays (probing starts afresh should it stop paying); else 0, or a

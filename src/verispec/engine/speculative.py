@@ -241,8 +241,6 @@ class SpeculativeDecoder:
                 req.estimate.observe(len(draft), num_accepted)
                 if draft.kind is not None:
                     req.estimates[draft.kind].observe(len(draft), num_accepted)
-                    if draft.node_probs is not None:  # the chain's own estimates: their calibration (as a tree's main path)
-                        req.estimates[draft.kind].observe_tree(draft.node_probs, [True] * len(draft), list(range(num_accepted)))
             # 5. emit
             emitted = self._emit(req, block, logits, dist)
             req.metrics.observe_draft(len(draft), min(num_accepted, len(emitted)))
@@ -361,14 +359,7 @@ class SpeculativeDecoder:
             if not len(draft):
                 return Draft(tokens=[])
             k = min(k_for(draft.kind or ""), len(draft))
-            probs = None
-            if draft.node_probs is not None and k > 0:  # a chain with its own estimates: cut where they stop paying
-                k = self.policy.chain_cut(draft.node_probs[:k], self._estimate(req, draft.kind or ""))
-                probs = draft.node_probs[:k]
-            if k <= 0:
-                return Draft(tokens=[])
-            return self._allowed(req, Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k], kind=draft.kind or "",
-                                            node_probs=probs))
+            return self._allowed(req, Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k], kind=draft.kind or ""))
         k = min(self.policy.choose(req.estimate, batch_size, early_exit), room)
         if k <= 0:
             return Draft(tokens=[])

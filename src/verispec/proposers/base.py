@@ -36,8 +36,7 @@ class Draft:
     parents: list[int] | None = None  # tree drafts: parent node of each token, -1 = the root (the pending token)
     # Tree drafts: each node's estimated probability of being accepted (the product of its path's
     # estimates), nodes listed best first with every parent before its children, so any first n
-    # nodes are a tree: the decoder keeps the n the cost curve pays for. A chain may carry them
-    # too (each token's path probability): the decoder then cuts it where they stop paying.
+    # nodes are a tree: the decoder keeps the n the cost curve pays for.
     node_probs: list[float] | None = None
     # Drafts of one kind share an acceptance estimate in the k policy (engine/policy.py). A drafter
     # whose drafts differ in reliability labels them (suffix decoding: long or short matches, in the

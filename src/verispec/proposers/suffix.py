@@ -397,7 +397,8 @@ class SuffixProposer:
     def draft_of(self, pick: Candidate) -> Draft:
         """A candidate as a Draft, labelled by source and match length (and counted)."""
         self.stats[pick.source] += 1
-        return Draft(tokens=pick.tokens, parents=pick.parents, node_probs=pick.probs, kind=self.kind_of(pick))
+        return Draft(tokens=pick.tokens, parents=pick.parents, node_probs=pick.probs if pick.parents is not None else None,
+                     kind=self.kind_of(pick))
 
     @staticmethod
     def kind_of(pick: Candidate) -> str:

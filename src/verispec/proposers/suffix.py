@@ -124,11 +124,15 @@ class TokenIndex:
             self.tokens.append(END)
 
     def best(self, tail: list[int], k: int, max_depth: int, max_spec_factor: float, min_token_prob: float,
-             exclude_from: int | None = None, max_nodes: int = 0, one_token: bool = False) -> Candidate | None:
+             exclude_from: int | None = None, max_nodes: int = 0, one_token: bool = False,
+             beat: float = -1.0) -> Candidate | None:
         """The best draft of up to k tokens continuing `tail`, or None. Occurrences at or after
         `exclude_from` are ignored (the tail itself, in the request's own index). `max_nodes` > 0:
         a tree of up to that many nodes, k deep at most (`_grow`), instead of a chain. `one_token`:
-        the occurrences of the tail's last token (where no source has its last two)."""
+        the occurrences of the tail's last token (where no source has its last two). `beat`: a
+        rank the caller already has; levels that cannot exceed it are not walked (a draft's rank
+        is at most min(L, its depth): at each depth the path probabilities sum to 1 at most), so
+        the best draft is found as without it wherever it ranks above `beat`."""
         found = self._occurrences(tail, k, max_depth, exclude_from, one_token)
         if found is None:
             return None
@@ -136,7 +140,7 @@ class TokenIndex:
         best: Candidate | None = None
         for L in sorted(set(lv), reverse=True)[:MAX_LEVELS]:
             n_tokens = min(k, int(L * max_spec_factor + 1e-6))
-            if n_tokens < 1:
+            if n_tokens < 1 or min(L, n_tokens) + 1e-6 <= max(beat, best.rank if best is not None else -1.0):  # (sums may round up)
                 continue
             level = [r for r, m in zip(rows, lv) if m >= L]
             c = _grow(level, n_tokens, max_nodes, min_token_prob, L) if max_nodes else _walk(level, n_tokens, min_token_prob, L)
@@ -381,18 +385,25 @@ class SuffixProposer:
         # A seeded sampled request drafts from its own text only: which drafts it gets decides how
         # its random stream is consumed, and its tokens must not depend on what else the engine served
         seeded = seq.params.seed is not None and not seq.params.greedy
-        mine = own.best(*args, exclude_from=len(own.tokens), max_nodes=max_nodes)
-        theirs = None if seeded else self.responses.index.best(*args, max_nodes=max_nodes)
-        if mine is None and theirs is None:  # no source has the tail's last two tokens: its last token alone,
-            # from the sources whose one-token drafts the policy would still verify (seq.k_for, when asked)
-            wanted = lambda source: seq.k_for is None or seq.k_for(f"{source}:one") > 0  # noqa: E731
-            mine = own.best(*args, exclude_from=len(own.tokens), max_nodes=max_nodes, one_token=True) if wanted("request") else None
-            if not seeded and wanted("global"):
-                theirs = self.responses.index.best(*args, max_nodes=max_nodes, one_token=True)
-        pick = max((c for c in (mine, theirs) if c is not None), key=lambda c: c.rank, default=None)
-        if pick is not None:
-            pick.source = "request" if pick is mine else "global"
-        return pick
+        # Only drafts of kinds the policy would verify now compete (seq.k_for, when the decoder
+        # asks): a better-ranked draft of a kind that stopped paying no longer blocks the other
+        # source's. The earlier responses are walked only where they can outrank the request's own.
+        wanted = lambda c: c is not None and (seq.k_for is None or seq.k_for(self.kind_of(c)) > 0)  # noqa: E731
+        for one_token in (False, True):  # the tail's last token alone only where no source has its last two,
+            # and only from a source whose one-token drafts the policy would verify (no lookup otherwise)
+            asked = lambda source: not one_token or seq.k_for is None or seq.k_for(f"{source}:one") > 0  # noqa: E731
+            mine = own.best(*args, exclude_from=len(own.tokens), max_nodes=max_nodes, one_token=one_token) if asked("request") else None
+            if mine is not None:
+                mine.source = "request"
+            beat = mine.rank if wanted(mine) else -1.0
+            theirs = None
+            if not seeded and asked("global"):
+                theirs = self.responses.index.best(*args, max_nodes=max_nodes, one_token=one_token, beat=beat)
+            if theirs is not None:
+                theirs.source = "global"
+            if mine is not None or theirs is not None:
+                break
+        return max((c for c in (mine, theirs) if wanted(c)), key=lambda c: c.rank, default=None)
 
     def draft_of(self, pick: Candidate) -> Draft:
         """A candidate as a Draft, labelled by source and match length (and counted)."""

@@ -90,7 +90,7 @@ class TokenIndex:
     def __init__(self) -> None:
         self.tokens = array("i")
         self.where: dict[int, array] = {}  # bigram key -> positions of its second token
-        self.where_token: dict[int, array] = {}  # token -> its positions (where its bigram never occurred)
+        self.where_token: dict[int, array] = {}  # token -> its positions (the one-token match level)
         self.live_from = 0
 
     def __len__(self) -> int:
@@ -189,7 +189,7 @@ class TokenIndex:
         return same.cumprod(axis=1).sum(axis=1)
 
     def compact(self) -> None:
-        """Drop the evicted prefix and rebuild the bigram positions (amortised: called when at
+        """Drop the evicted prefix and rebuild the positions (amortised: called when at
         least half the index is evicted)."""
         live = self.tokens[self.live_from :]
         self.tokens, self.where, self.where_token, self.live_from = array("i"), {}, {}, 0

@@ -138,14 +138,16 @@ class TokenIndex:
             return None
         rows, lv = found
         best: Candidate | None = None
+        best_rank = -1.0  # best.rank, computed once per candidate (Candidate.rank walks its nodes)
         for L in sorted(set(lv), reverse=True)[:MAX_LEVELS]:
             n_tokens = min(k, int(L * max_spec_factor + 1e-6))
-            if n_tokens < 1 or min(L, n_tokens) + 1e-6 <= max(beat, best.rank if best is not None else -1.0):  # (sums may round up)
+            if n_tokens < 1 or min(L, n_tokens) + 1e-6 <= max(beat, best_rank):  # (sums may round up)
                 continue
             level = [r for r, m in zip(rows, lv) if m >= L]
             c = _grow(level, n_tokens, max_nodes, min_token_prob, L) if max_nodes else _walk(level, n_tokens, min_token_prob, L)
-            if c.tokens and (best is None or c.rank > best.rank):
-                best = c
+            rank = c.rank if c.tokens else -1.0
+            if rank > best_rank:
+                best, best_rank = c, rank
         return best
 
     def _occurrences(self, tail: list[int], k: int, max_depth: int, exclude_from: int | None,

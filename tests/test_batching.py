@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from verispec import LLM, SamplingParams
-from verispec.engine.policy import AcceptanceEstimate, SpeculationPolicy, expected_tokens
+from verispec.engine.policy import PROBE_RATE, AcceptanceEstimate, SpeculationPolicy, expected_tokens
 from verispec.engine.runner import BatchItem
 from verispec.engine.scheduler import Scheduler
 from verispec.errors import QueueFullError
@@ -152,6 +152,25 @@ def test_policy_backs_off_and_probes():
     # drafting that costs as much as a target forward per token needs high acceptance to pay
     policy.draft_cost = 1.0
     assert policy.best_k(0.5) == 0
+
+
+def test_policy_kept_rates_are_the_computed_ones():
+    """The rates kept for the acceptances asked every step (1.0, PROBE_RATE) and the chunks' costs
+    kept per row count give the figures a fresh policy computes, with early exit or without, and
+    a changed draft cost or max_k is not answered from what was kept for the old one."""
+    chunks = lambda n: [min(n, 3)] + ([n - 3] if n > 3 else [])  # noqa: E731
+    curve = lambda n: 1.0 + 0.1 * (n - 1) + 0.02 * (n - 1) ** 2  # noqa: E731
+    used = SpeculationPolicy(max_k=6, cost=curve, chunks=chunks)
+    for a in (1.0, PROBE_RATE, 0.37, 1.0, PROBE_RATE):
+        for early in (False, True):
+            fresh = SpeculationPolicy(max_k=6, cost=curve, chunks=chunks)
+            assert used.rates(a, early) == fresh.rates(a, early)
+            assert used.rates(a, early, draft_cost=0.3) == fresh.rates(a, early, draft_cost=0.3)
+    before = used.rates(1.0, True)
+    used.draft_cost = 0.5
+    assert used.rates(1.0, True) == SpeculationPolicy(max_k=6, cost=curve, chunks=chunks, draft_cost=0.5).rates(1.0, True) != before
+    used.max_k = 3
+    assert len(used.rates(1.0, True)) == 4
 
 
 def test_policy_does_not_probe_where_drafting_could_gain_little():

@@ -45,6 +45,7 @@ n = 2 yields 2.5 for 1.4 (1.79 per unit), n = 3 yields 2.8 for 1.6 (1.75): 2 nod
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -138,6 +139,11 @@ class SpeculationPolicy:
         self.probe_k = min(probe_k, max_k)
         self.draft_cost = draft_cost
         self.chunks = chunks
+        # `cost` and `chunks` are fixed once the policy is built: each row count's chunks and their
+        # costs are kept, and so are the rates at the acceptances asked for every step (a = 1 for
+        # the most a drafter may propose, PROBE_RATE) -- the policy runs several times a step
+        self._chunk_costs: dict[int, list[tuple[float, int]]] = {}
+        self._rates: dict[tuple, tuple[float, ...]] = {}
 
     def step_cost(self, n: int, a: float, early_exit: bool) -> float:
         """Expected cost of verifying n rows. With `early_exit` (greedy, on a runner that verifies
@@ -146,17 +152,23 @@ class SpeculationPolicy:
         cost(3) * (1 + 0.8^3 + 0.8^6) = 1.77 cost(3) instead of 3 cost(3)."""
         if not early_exit or self.chunks is None:
             return self.cost(n)
-        total, start = 0.0, 0
-        for size in self.chunks(n):
-            total += self.cost(size) * a**start
-            start += size
-        return total
+        parts = self._chunk_costs.get(n)
+        if parts is None:  # [(a chunk's cost, the row it starts at)]
+            starts = itertools.accumulate(self.chunks(n), initial=0)
+            parts = self._chunk_costs[n] = [(self.cost(size), start) for size, start in zip(self.chunks(n), starts)]
+        return sum(c * a**start for c, start in parts)
 
-    def rates(self, a: float, early_exit: bool = False, draft_cost: float | None = None) -> list[float]:
+    def rates(self, a: float, early_exit: bool = False, draft_cost: float | None = None) -> tuple[float, ...]:
         """Expected tokens per unit of cost for k = 0..max_k drafts at acceptance a (`draft_cost`:
         a draft token's cost where it is not the drafter's usual, as a hybrid's model drafts)."""
         per_draft = (self.draft_cost if draft_cost is None else draft_cost) + DRAFT_OVERHEAD
-        return [expected_tokens(a, k) / (self.step_cost(k + 1, a, early_exit) + k * per_draft) for k in range(self.max_k + 1)]
+        key = (a, early_exit, per_draft, self.max_k)
+        if key in self._rates:
+            return self._rates[key]
+        rates = tuple(expected_tokens(a, k) / (self.step_cost(k + 1, a, early_exit) + k * per_draft) for k in range(self.max_k + 1))
+        if a in (1.0, PROBE_RATE):  # the acceptances asked for every step (others change with each draft)
+            self._rates[key] = rates
+        return rates
 
     def best_k(self, a: float, early_exit: bool = False, draft_cost: float | None = None) -> int:
         """The k in 0..max_k with the most expected tokens per unit of cost."""

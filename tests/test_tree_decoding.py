@@ -58,6 +58,37 @@ def test_tree_size_weighs_nodes_against_the_cost_curve():
     assert SpeculationPolicy(4, disable_by_batch_size=2).tree_size([0.9], AcceptanceEstimate(), 3) == 0
 
 
+def test_tree_shape_verifies_a_main_path_that_pays_as_a_chain():
+    """A tree whose best first nodes are all on its main path is verified as a chain (which may
+    stop early); a tree whose branch pays stays a tree; probes and a fixed k as before."""
+    policy = SpeculationPolicy(4, cost=lambda n: 1 + 0.15 * (n - 1), probe_every=2)
+    fresh = AcceptanceEstimate()
+    assert policy.tree_shape([0.9, 0.6, 0.3], fresh, 1, [True, True, False]) == (2, True)  # the docstring's example
+    assert policy.tree_shape([0.9, 0.8, 0.7], fresh, 1, [True, False, False]) == (3, False)  # the siblings pay
+    assert policy.tree_shape([0.9, 0.8, 0.7], fresh, 1, None) == (3, True)  # no main path given: a chain
+    # early exit: rows 4.. in a second chunk, which runs only if the first three drafts pass
+    chunked = SpeculationPolicy(4, cost=lambda n: [1.0, 1.05, 1.1, 2.1, 2.15][n - 1], chunks=lambda n: [min(n, 3)] + ([n - 3] if n > 3 else []))
+    q = [0.95, 0.9, 0.3, 0.25]
+    assert chunked._path_cost(q, early_exit=True) == pytest.approx(1.1 + 0.3 * 1.05)  # rows 4-5 run if drafts 1-3 pass
+    assert chunked._path_cost(q, early_exit=False) == 2.15
+    failing = AcceptanceEstimate()
+    for _ in range(30):
+        failing.observe_tree([0.9, 0.6], [True, True], [])
+    assert [policy.tree_shape([0.9, 0.6], failing, 1, [True, True]) for _ in range(2)] == [(0, True), (1, True)]  # a probe: one node
+    assert SpeculationPolicy(4, adaptive=False).tree_shape([0.1] * 5, failing, 1, [True] * 5) == (5, False)
+    assert SpeculationPolicy(4, disable_by_batch_size=2).tree_shape([0.9], fresh, 3) == (0, False)
+
+
+def test_draft_subsets_renumber_parents():
+    tree = Draft([1, 2, 3, 4, 5], parents=[-1, 0, -1, 2, 1], node_probs=[0.5, 0.4, 0.3, 0.2, 0.1], kind="request:short")
+    assert tree.node_depths() == [1, 2, 1, 2, 3] and tree.depth == 3
+    sub = tree.subset([0, 1, 4])
+    assert (sub.tokens, sub.parents, sub.node_probs, sub.kind) == ([1, 2, 5], [-1, 0, 1], [0.5, 0.4, 0.1], "request:short")
+    with pytest.raises(ValueError, match="parent"):
+        tree.subset([0, 3])
+    assert Draft([7, 8]).node_depths() == [1, 2]
+
+
 @pytest.fixture(scope="module", params=["llama", "gemma3"])
 def family(request, tiny_dir):
     target = tiny_dir(request.param, seed=0)
@@ -75,11 +106,17 @@ def test_greedy_trees_identical_to_plain(family, k, nodes, adaptive, monkeypatch
     trees = []  # the trees verified (after the policy's sizing)
     real = SpeculativeDecoder._tree_step
     monkeypatch.setattr(SpeculativeDecoder, "_tree_step", lambda self, req, draft, *a: trees.append(draft) or real(self, req, draft, *a))
+    chains = []  # main paths verified as chains
+    verify = SpeculativeDecoder._verify
+    monkeypatch.setattr(SpeculativeDecoder, "_verify", lambda self, reqs, drafts: chains.extend(
+        d for d in drafts if d.parents is None and d.node_probs is not None) or verify(self, reqs, drafts))
     outs = llm.generate(ps, params)
     assert [o.token_ids for o in outs] == ref
     branched = [t for t in trees if not all(t.main_path())]
     assert branched, "no tree with a branch was verified: the test would not exercise trees"
     assert max(len(t.tokens) for t in trees) <= nodes
+    if adaptive:  # steps whose best tree is its main path verify it as a chain (SpeculationPolicy.tree_shape)
+        assert chains, "no main path was verified as a chain"
     drafted = sum(o.metrics.num_draft_tokens for o in outs)
     accepted = sum(o.metrics.num_accepted_tokens for o in outs)
     assert 0 < accepted < drafted

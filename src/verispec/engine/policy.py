@@ -152,11 +152,16 @@ class SpeculationPolicy:
         cost(3) * (1 + 0.8^3 + 0.8^6) = 1.77 cost(3) instead of 3 cost(3)."""
         if not early_exit or self.chunks is None:
             return self.cost(n)
+        return sum(c * a**start for c, start in self._chunk_parts(n))
+
+    def _chunk_parts(self, n: int) -> list[tuple[float, int]]:
+        """n rows' chunks (`chunks`) as [(the chunk's cost, the row it starts at)]."""
         parts = self._chunk_costs.get(n)
-        if parts is None:  # [(a chunk's cost, the row it starts at)]
+        if parts is None:
+            assert self.chunks is not None
             starts = itertools.accumulate(self.chunks(n), initial=0)
             parts = self._chunk_costs[n] = [(self.cost(size), start) for size, start in zip(self.chunks(n), starts)]
-        return sum(c * a**start for c, start in parts)
+        return parts
 
     def rates(self, a: float, early_exit: bool = False, draft_cost: float | None = None) -> tuple[float, ...]:
         """Expected tokens per unit of cost for k = 0..max_k drafts at acceptance a (`draft_cost`:
@@ -194,12 +199,38 @@ class SpeculationPolicy:
 
     def tree_size(self, node_probs: list[float], estimate: AcceptanceEstimate, batch_size: int,
                   main: list[bool] | None = None) -> int:
-        """How many of a tree draft's nodes (best first: any first n are a tree) to verify;
-        `main`: which are on its main path (Draft.main_path; None: all)."""
+        """How many of a tree draft's nodes (best first: any first n are a tree) to verify as a
+        tree; `main`: which are on its main path (Draft.main_path; None: all)."""
         if not node_probs or (self.disable_by_batch_size is not None and batch_size > self.disable_by_batch_size):
             return 0
         if not self.adaptive:
             return len(node_probs)
+        return self._paying(self._best_tree(node_probs, estimate, main)[0], estimate, False)
+
+    def tree_shape(self, node_probs: list[float], estimate: AcceptanceEstimate, batch_size: int,
+                   main: list[bool] | None = None, early_exit: bool = False) -> tuple[int, bool]:
+        """What to verify of a tree draft: (n, False) its first n nodes as a tree, or (n, True) the
+        first n nodes of its main path as a chain, whichever yields more tokens per unit of cost
+        (ties: the chain). A chain verified greedily on a runner that verifies in chunks
+        (`early_exit`) stops at the chunk of its first rejected draft, where a tree's rows are all
+        forwarded (a rejected node says nothing of its siblings); and a tree whose best first
+        nodes are all on its main path is a chain. Example: nodes [0.9, 0.6, 0.3] (the third a
+        branch), calibration 1, cost(n) = 1 + 0.15 (n - 1): the tree of 2 is the best (2.5 tokens
+        for 1.4) and the chain of 2 is the same draft: (2, True)."""
+        if not node_probs or (self.disable_by_batch_size is not None and batch_size > self.disable_by_batch_size):
+            return 0, False
+        if not self.adaptive:
+            return len(node_probs), False
+        n, tree_rate = self._best_tree(node_probs, estimate, main)
+        path = node_probs if main is None else [p for p, m in zip(node_probs, main) if m]
+        j, chain_rate = self._best_chain(path, estimate, early_exit)
+        if j > 0 and (chain_rate >= tree_rate or n == 0):
+            return self._paying(j, estimate, False), True
+        k = self._paying(n, estimate, False)
+        return k, n == 0  # a probe (k = probe_k): the main path's first nodes
+
+    def _best_tree(self, node_probs: list[float], estimate: AcceptanceEstimate, main: list[bool] | None) -> tuple[int, float]:
+        """The number of first nodes with the most expected tokens per unit of cost (0: none pays), and that rate."""
         c, cb, per_node = estimate.calibration, estimate.branch_calibration, self.draft_cost + DRAFT_OVERHEAD
         best_n, best, expected = 0, 1.0 / self.cost(1), 1.0
         for n, p in enumerate(node_probs, 1):
@@ -207,7 +238,26 @@ class SpeculationPolicy:
             rate = expected / (self.cost(n + 1) + n * per_node)
             if rate > best:
                 best_n, best = n, rate
-        return self._paying(best_n, estimate, False)
+        return best_n, best
+
+    def _best_chain(self, path_probs: list[float], estimate: AcceptanceEstimate, early_exit: bool) -> tuple[int, float]:
+        """The same for a chain of the main path's first nodes."""
+        per_node = self.draft_cost + DRAFT_OVERHEAD
+        q = [min(1.0, estimate.calibration * p) for p in path_probs]
+        best_j, best = 0, 1.0 / self.cost(1)
+        for j in range(1, len(q) + 1):
+            rate = (1.0 + sum(q[:j])) / (self._path_cost(q[:j], early_exit) + j * per_node)
+            if rate > best:
+                best_j, best = j, rate
+        return best_j, best
+
+    def _path_cost(self, q: list[float], early_exit: bool) -> float:
+        """Expected cost of verifying a chain whose nodes are accepted with path probabilities q
+        (each: that it and every node before it are accepted): `step_cost`, with each chunk
+        weighed by the chance it runs from q instead of a^r."""
+        if not early_exit or self.chunks is None:
+            return self.cost(len(q) + 1)
+        return sum(c * (q[start - 1] if start else 1.0) for c, start in self._chunk_parts(len(q) + 1))
 
     def _paying(self, k: int, estimate: AcceptanceEstimate, early_exit: bool, draft_cost: float | None = None) -> int:
         """k where drafting pays (probing starts afresh should it stop paying); else 0, or a

@@ -61,12 +61,32 @@ class Draft:
     @property
     def depth(self) -> int:
         """Tokens on the draft's longest path: a chain's length, a tree's depth."""
+        return max(self.node_depths(), default=0)
+
+    def node_depths(self) -> list[int]:
+        """Each node's depth (1: a child of the root). Example: parents [-1, 0, 0, -1] -> [1, 2, 2, 1]."""
         if self.parents is None:
-            return len(self.tokens)
+            return list(range(1, len(self.tokens) + 1))
         depths: list[int] = []
         for p in self.parents:
             depths.append(1 + (depths[p] if p >= 0 else 0))
-        return max(depths, default=0)
+        return depths
+
+    def subset(self, nodes: list[int]) -> "Draft":
+        """The draft of the given nodes (ascending; each one's parent among them), parents renumbered.
+        Example: parents [-1, 0, -1, 2, 1], nodes [0, 1, 4] -> parents [-1, 0, 1]."""
+        at = {old: new for new, old in enumerate(nodes)}
+        if self.parents is None:
+            if nodes != list(range(len(nodes))):
+                raise ValueError(f"a chain's subset is a prefix, not {nodes}")
+            parents = None
+        else:
+            if any(self.parents[i] >= 0 and self.parents[i] not in at for i in nodes):
+                raise ValueError(f"nodes {nodes} leave out a parent of one of them")
+            parents = [at[self.parents[i]] if self.parents[i] >= 0 else -1 for i in nodes]
+        pick = lambda xs: None if xs is None else [xs[i] for i in nodes]  # noqa: E731
+        probs = None if self.probs is None else self.probs[nodes]
+        return Draft([self.tokens[i] for i in nodes], probs, parents=parents, node_probs=pick(self.node_probs), kind=self.kind)
 
     def main_path(self) -> list[bool]:
         """For each node: on the tree's main path (from the root, each node's first child, the

@@ -44,15 +44,15 @@ def test_tree_size_weighs_nodes_against_the_cost_curve():
     assert steep.tree_size([0.9, 0.6], AcceptanceEstimate(), 1) == 0
     doubtful = AcceptanceEstimate()
     for _ in range(30):  # trees whose nodes were never accepted: calibration falls, trees shrink
-        doubtful.observe_tree([0.9, 0.6, 0.3], [True, True, False], [])
+        doubtful.observe_tree([0.9, 0.6, 0.3], ["main", "main", "branch"], [])
     assert doubtful.calibration < 0.05 and doubtful.branch_calibration < 0.05
     siblings_fail = AcceptanceEstimate()
     for _ in range(30):  # the main path always accepted, the branch never: only branches shrink
-        siblings_fail.observe_tree([0.6, 0.4], [True, False], [0])
+        siblings_fail.observe_tree([0.6, 0.4], ["main", "branch"], [0])
     assert siblings_fail.calibration > 1.4 and siblings_fail.branch_calibration < 0.05
     chain_only = SpeculationPolicy(4, cost=lambda n: 1 + 0.1 * (n - 1))
-    assert chain_only.tree_size([0.6, 0.4], siblings_fail, 1, main=[True, False]) == 1  # the sibling left out
-    assert chain_only.tree_size([0.6, 0.4], AcceptanceEstimate(), 1, main=[True, False]) == 2
+    assert chain_only.tree_size([0.6, 0.4], siblings_fail, 1, ["main", "branch"]) == 1  # the sibling left out
+    assert chain_only.tree_size([0.6, 0.4], AcceptanceEstimate(), 1, ["main", "branch"]) == 2
     assert SpeculationPolicy(4, cost=lambda n: 1 + 0.15 * (n - 1), probe_every=1000).tree_size([0.9, 0.6, 0.3], doubtful, 1) == 0
     assert SpeculationPolicy(4, adaptive=False).tree_size([0.1] * 5, doubtful, 1) == 5
     assert SpeculationPolicy(4, disable_by_batch_size=2).tree_size([0.9], AcceptanceEstimate(), 3) == 0
@@ -63,9 +63,9 @@ def test_tree_shape_verifies_a_main_path_that_pays_as_a_chain():
     stop early); a tree whose branch pays stays a tree; probes and a fixed k as before."""
     policy = SpeculationPolicy(4, cost=lambda n: 1 + 0.15 * (n - 1), probe_every=2)
     fresh = AcceptanceEstimate()
-    assert policy.tree_shape([0.9, 0.6, 0.3], fresh, 1, [True, True, False]) == (2, True)  # the docstring's example
-    assert policy.tree_shape([0.9, 0.8, 0.7], fresh, 1, [True, False, False]) == (3, False)  # the siblings pay
-    assert policy.tree_shape([0.9, 0.8, 0.7], fresh, 1, None) == (3, True)  # no main path given: a chain
+    assert policy.tree_shape([0.9, 0.6, 0.3], fresh, 1, ["main", "main", "branch"], [True, True, False]) == (2, True)  # the docstring's example
+    assert policy.tree_shape([0.9, 0.8, 0.7], fresh, 1, ["main", "branch", "branch"], [True, False, False]) == (3, False)  # the siblings pay
+    assert policy.tree_shape([0.9, 0.8, 0.7], fresh, 1) == (3, True)  # no main path given: a chain
     # early exit: rows 4.. in a second chunk, which runs only if the first three drafts pass
     chunked = SpeculationPolicy(4, cost=lambda n: [1.0, 1.05, 1.1, 2.1, 2.15][n - 1], chunks=lambda n: [min(n, 3)] + ([n - 3] if n > 3 else []))
     q = [0.95, 0.9, 0.3, 0.25]
@@ -73,10 +73,30 @@ def test_tree_shape_verifies_a_main_path_that_pays_as_a_chain():
     assert chunked._path_cost(q, early_exit=False) == 2.15
     failing = AcceptanceEstimate()
     for _ in range(30):
-        failing.observe_tree([0.9, 0.6], [True, True], [])
-    assert [policy.tree_shape([0.9, 0.6], failing, 1, [True, True]) for _ in range(2)] == [(0, True), (1, True)]  # a probe: one node
-    assert SpeculationPolicy(4, adaptive=False).tree_shape([0.1] * 5, failing, 1, [True] * 5) == (5, False)
+        failing.observe_tree([0.9, 0.6], ["main", "main"], [])
+    assert [policy.tree_shape([0.9, 0.6], failing, 1) for _ in range(2)] == [(0, True), (1, True)]  # a probe: one node
+    assert SpeculationPolicy(4, adaptive=False).tree_shape([0.1] * 5, failing, 1) == (5, False)
     assert SpeculationPolicy(4, disable_by_batch_size=2).tree_shape([0.9], fresh, 3) == (0, False)
+
+
+def test_nodes_past_the_match_are_calibrated_apart():
+    """Nodes a drafter guessed past its match (Draft.past_match) have a calibration of their own:
+    where they fail and the matched nodes do not, the tree keeps the matched nodes at full weight
+    and drops the guessed ones (one calibration for all would have cut both)."""
+    tree = Draft([1, 2, 3, 4], parents=[-1, 0, 1, 2], node_probs=[0.9, 0.9, 0.8, 0.8], past_match=2)
+    assert tree.node_groups() == ["main", "main", "past", "past"]
+    assert Draft([1, 2, 3, 4], parents=[-1, 0, 0, 1], past_match=2).node_groups() == ["main", "main", "branch", "past"]
+    estimate = AcceptanceEstimate()
+    for _ in range(30):  # the two matched nodes accepted, the guessed ones never
+        estimate.observe_tree(tree.node_probs, tree.node_groups(), [0, 1])
+    assert estimate.calibration_of("main") > 1.0 and estimate.calibration_of("past") < 0.05
+    policy = SpeculationPolicy(4, cost=lambda n: 1 + 0.15 * (n - 1))
+    assert policy.tree_shape(tree.node_probs, estimate, 1, tree.node_groups(), tree.main_path()) == (2, True)
+    pooled = AcceptanceEstimate()
+    for _ in range(30):  # the same trees with every node in one group: 2 of 3.4 accepted
+        pooled.observe_tree(tree.node_probs, ["main"] * 4, [0, 1])
+    assert pooled.calibration == pytest.approx(2 / 3.4, rel=0.05)
+    assert policy.tree_shape(tree.node_probs, pooled, 1) == (4, True)  # the guessed nodes look as good as the rest
 
 
 def test_draft_subsets_renumber_parents():

@@ -36,17 +36,21 @@ the first n nodes are the best tree of n. A tree of n nodes yields 1 + sum of it
 probabilities on average (each node counts when the accepted path passes through it), for
 cost(n + 1) + n draft costs; the policy keeps the n with the most tokens per unit of cost. The
 drafter's probabilities are scaled by the request's calibration (per draft kind): accepted
-tokens over the probabilities' sum, decayed over past trees as the rate above, apart for the main
-path (each node's likeliest child from the root) and the branches off it, whose estimates can be
-worse calibrated. Example: node
-probabilities [0.9, 0.6, 0.3, 0.1], calibration 1, the cost above with DRAFT_OVERHEAD per node:
-n = 2 yields 2.5 for 1.4 (1.79 per unit), n = 3 yields 2.8 for 1.6 (1.75): 2 nodes.
+tokens over the probabilities' sum, decayed over past trees as the rate above, apart for each
+group of nodes whose estimates are calibrated differently (Draft.node_groups): the main path
+(each node's likeliest child from the root), the branches off it, and the nodes a drafter guessed
+past the text it matched (suffix decoding's nodes deeper than the match: on SmolLM2's repetitive
+workload accepted 25% of the time for an estimated 75%, against 59% for 90% within the match).
+Example: node probabilities [0.9, 0.6, 0.3, 0.1], calibration 1, the cost above with
+DRAFT_OVERHEAD per node: n = 2 yields 2.5 for 1.4 (1.79 per unit), n = 3 yields 2.8 for 1.6
+(1.75): 2 nodes. Where the best first nodes all lie on the main path, it is verified as a chain
+(`tree_shape`).
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from verispec.engine.costs import default_cost
@@ -80,39 +84,42 @@ class AcceptanceEstimate:
     steps_without_draft: int = 0
     probe_interval: int = 0  # steps between probes while drafting does not pay (doubles per probe)
 
-    # token trees, apart for the main path (each node's likeliest child from the root) and the
-    # branches off it: decayed sums of the verified nodes' probabilities and of the nodes accepted
-    # (prior: calibration 1 for both)
-    predicted: float = 1.0
-    realised: float = 1.0
-    branch_predicted: float = 1.0
-    branch_realised: float = 1.0
+    # token trees: decayed sums of the verified nodes' probabilities and of the nodes accepted, per
+    # group of nodes (Draft.node_groups: "main", the main path -- each node's likeliest child from
+    # the root --, "branch", the nodes off it, "past", the nodes a drafter guessed past the text
+    # it matched); prior: calibration 1 for each
+    tree_sums: dict[str, list[float]] = field(default_factory=dict)  # group -> [predicted, realised]
 
     @property
     def rate(self) -> float:
         return self.accepted / (self.accepted + self.rejected)
 
+    def calibration_of(self, group: str) -> float:
+        """Accepted nodes of a group per unit of the drafter's estimated probability for them."""
+        predicted, realised = self.tree_sums.get(group, (1.0, 1.0))
+        return realised / predicted
+
     @property
     def calibration(self) -> float:
-        """Accepted main-path tokens per unit of the drafter's estimated probability."""
-        return self.realised / self.predicted
+        """The main path's calibration."""
+        return self.calibration_of("main")
 
     @property
     def branch_calibration(self) -> float:
         """The same for nodes off the main path (siblings' estimates can be worse calibrated)."""
-        return self.branch_realised / self.branch_predicted
+        return self.calibration_of("branch")
 
     def observe(self, num_draft: int, num_accepted: int) -> None:
         self.accepted = DECAY * self.accepted + num_accepted
         self.rejected = DECAY * self.rejected + (1.0 if num_accepted < num_draft else 0.0)
 
-    def observe_tree(self, node_probs: list[float], main: list[bool], path: list[int]) -> None:
-        """A verified tree: its nodes' probabilities, which are on the main path, the accepted path."""
-        on_main = sum(main[i] for i in path)
-        self.predicted = DECAY * self.predicted + sum(p for p, m in zip(node_probs, main) if m)
-        self.realised = DECAY * self.realised + on_main
-        self.branch_predicted = DECAY * self.branch_predicted + sum(p for p, m in zip(node_probs, main) if not m)
-        self.branch_realised = DECAY * self.branch_realised + len(path) - on_main
+    def observe_tree(self, node_probs: list[float], groups: list[str], path: list[int]) -> None:
+        """A verified tree: its nodes' probabilities, their groups, the accepted path (node indices)."""
+        on_path = set(path)
+        for group in set(groups) | set(self.tree_sums):
+            sums = self.tree_sums.setdefault(group, [1.0, 1.0])
+            sums[0] = DECAY * sums[0] + sum(p for p, g in zip(node_probs, groups) if g == group)
+            sums[1] = DECAY * sums[1] + sum(1 for i, g in enumerate(groups) if g == group and i in on_path)
 
 
 class SpeculationPolicy:
@@ -198,58 +205,69 @@ class SpeculationPolicy:
         return self._paying(self.best_k(estimate.rate, early_exit, draft_cost), estimate, early_exit, draft_cost)
 
     def tree_size(self, node_probs: list[float], estimate: AcceptanceEstimate, batch_size: int,
-                  main: list[bool] | None = None) -> int:
+                  groups: list[str] | None = None) -> int:
         """How many of a tree draft's nodes (best first: any first n are a tree) to verify as a
-        tree; `main`: which are on its main path (Draft.main_path; None: all)."""
+        tree; `groups`: each node's (Draft.node_groups; None: all "main")."""
         if not node_probs or (self.disable_by_batch_size is not None and batch_size > self.disable_by_batch_size):
             return 0
         if not self.adaptive:
             return len(node_probs)
-        return self._paying(self._best_tree(node_probs, estimate, main)[0], estimate, False)
+        return self._paying(self._best_tree(node_probs, estimate, groups)[0], estimate, False)
 
     def tree_shape(self, node_probs: list[float], estimate: AcceptanceEstimate, batch_size: int,
-                   main: list[bool] | None = None, early_exit: bool = False) -> tuple[int, bool]:
+                   groups: list[str] | None = None, main: list[bool] | None = None,
+                   early_exit: bool = False) -> tuple[int, bool]:
         """What to verify of a tree draft: (n, False) its first n nodes as a tree, or (n, True) the
-        first n nodes of its main path as a chain, whichever yields more tokens per unit of cost
-        (ties: the chain). A chain verified greedily on a runner that verifies in chunks
-        (`early_exit`) stops at the chunk of its first rejected draft, where a tree's rows are all
-        forwarded (a rejected node says nothing of its siblings); and a tree whose best first
-        nodes are all on its main path is a chain. Example: nodes [0.9, 0.6, 0.3] (the third a
-        branch), calibration 1, cost(n) = 1 + 0.15 (n - 1): the tree of 2 is the best (2.5 tokens
-        for 1.4) and the chain of 2 is the same draft: (2, True)."""
+        first n nodes of its main path (`main`, Draft.main_path; None: every node) as a chain,
+        whichever yields more tokens per unit of cost (ties: the chain). A chain verified greedily
+        on a runner that verifies in chunks (`early_exit`) stops at the chunk of its first rejected
+        draft, where a tree's rows are all forwarded (a rejected node says nothing of its
+        siblings); and a tree whose best first nodes are all on its main path is a chain. Each
+        node's probability is scaled by its group's calibration (`groups`, Draft.node_groups).
+        Example: nodes [0.9, 0.6, 0.3] (the third a branch), calibration 1, cost(n) = 1 + 0.15
+        (n - 1): the tree of 2 is the best (2.5 tokens for 1.4) and the chain of 2 is the same
+        draft: (2, True)."""
         if not node_probs or (self.disable_by_batch_size is not None and batch_size > self.disable_by_batch_size):
             return 0, False
         if not self.adaptive:
             return len(node_probs), False
-        n, tree_rate = self._best_tree(node_probs, estimate, main)
-        path = node_probs if main is None else [p for p, m in zip(node_probs, main) if m]
-        j, chain_rate = self._best_chain(path, estimate, early_exit)
+        groups = groups or ["main"] * len(node_probs)
+        n, tree_rate = self._best_tree(node_probs, estimate, groups)
+        on_path = [i for i in range(len(node_probs)) if main is None or main[i]]
+        j, chain_rate = self._best_chain([node_probs[i] for i in on_path], estimate, [groups[i] for i in on_path], early_exit)
         if j > 0 and (chain_rate >= tree_rate or n == 0):
             return self._paying(j, estimate, False), True
         k = self._paying(n, estimate, False)
         return k, n == 0  # a probe (k = probe_k): the main path's first nodes
 
-    def _best_tree(self, node_probs: list[float], estimate: AcceptanceEstimate, main: list[bool] | None) -> tuple[int, float]:
+    def _best_tree(self, node_probs: list[float], estimate: AcceptanceEstimate, groups: list[str] | None) -> tuple[int, float]:
         """The number of first nodes with the most expected tokens per unit of cost (0: none pays), and that rate."""
-        c, cb, per_node = estimate.calibration, estimate.branch_calibration, self.draft_cost + DRAFT_OVERHEAD
+        per_node = self.draft_cost + DRAFT_OVERHEAD
         best_n, best, expected = 0, 1.0 / self.cost(1), 1.0
-        for n, p in enumerate(node_probs, 1):
-            expected += min(1.0, (c if main is None or main[n - 1] else cb) * p)
+        for n, q in enumerate(self._calibrated(node_probs, estimate, groups), 1):
+            expected += q
             rate = expected / (self.cost(n + 1) + n * per_node)
             if rate > best:
                 best_n, best = n, rate
         return best_n, best
 
-    def _best_chain(self, path_probs: list[float], estimate: AcceptanceEstimate, early_exit: bool) -> tuple[int, float]:
+    def _best_chain(self, path_probs: list[float], estimate: AcceptanceEstimate, groups: list[str],
+                    early_exit: bool) -> tuple[int, float]:
         """The same for a chain of the main path's first nodes."""
         per_node = self.draft_cost + DRAFT_OVERHEAD
-        q = [min(1.0, estimate.calibration * p) for p in path_probs]
+        q = self._calibrated(path_probs, estimate, groups)
         best_j, best = 0, 1.0 / self.cost(1)
         for j in range(1, len(q) + 1):
             rate = (1.0 + sum(q[:j])) / (self._path_cost(q[:j], early_exit) + j * per_node)
             if rate > best:
                 best_j, best = j, rate
         return best_j, best
+
+    @staticmethod
+    def _calibrated(node_probs: list[float], estimate: AcceptanceEstimate, groups: list[str] | None) -> list[float]:
+        """Each node's probability of acceptance: the drafter's, scaled by its group's calibration (at most 1)."""
+        scale = {g: estimate.calibration_of(g) for g in set(groups or ["main"])}
+        return [min(1.0, scale[g] * p) for p, g in zip(node_probs, groups or ["main"] * len(node_probs))]
 
     def _path_cost(self, q: list[float], early_exit: bool) -> float:
         """Expected cost of verifying a chain whose nodes are accepted with path probabilities q

@@ -243,7 +243,7 @@ class SpeculativeDecoder:
                 if draft.kind is not None:
                     req.estimates[draft.kind].observe(len(draft), num_accepted)
                     if draft.node_probs is not None:  # a tree draft's main path, verified as a chain
-                        req.estimates[draft.kind].observe_tree(draft.node_probs, [True] * len(draft), list(range(num_accepted)))
+                        req.estimates[draft.kind].observe_tree(draft.node_probs, draft.node_groups(), list(range(num_accepted)))
             # 5. emit
             emitted = self._emit(req, block, logits, dist)
             req.metrics.observe_draft(len(draft), min(num_accepted, len(emitted)))
@@ -268,7 +268,7 @@ class SpeculativeDecoder:
             req.view.states.append(state[rows])  # [kept rows, state_width]
         self.proposer.accept(req.view, len(out.path))
         estimate = self._estimate(req, draft.kind or "")
-        estimate.observe_tree(draft.node_probs, draft.main_path(), out.path)
+        estimate.observe_tree(draft.node_probs, draft.node_groups(), out.path)
         req.estimate.observe(draft.depth, len(out.path))  # as a chain as deep (trees_cost_a_step asks it)
         # 5. emit
         rows_wanted = req.logprobs is not None  # the path's rows are gathered only for logprobs (~0.5 ms a step)
@@ -380,12 +380,13 @@ class SpeculativeDecoder:
             return Draft(tokens=[])
         estimate = self._estimate(req, tree.kind or "")
         main = tree.main_path()
-        n, as_chain = self.policy.tree_shape(tree.node_probs, estimate, batch_size, main, early_exit=req.params.greedy)
+        n, as_chain = self.policy.tree_shape(tree.node_probs, estimate, batch_size, tree.node_groups(), main,
+                                             early_exit=req.params.greedy)
         if n <= 0:
             return Draft(tokens=[])
         if as_chain:  # the main path's first n nodes, verified as a chain (node_probs kept for the calibration)
             path = tree.subset([i for i, m in enumerate(main) if m][:n])
-            return Draft(path.tokens, node_probs=path.node_probs, kind=tree.kind or "")
+            return Draft(path.tokens, node_probs=path.node_probs, kind=path.kind, past_match=path.past_match)
         return tree.first(n)
 
     def _estimate(self, req: Request, kind: str) -> AcceptanceEstimate:

@@ -45,6 +45,9 @@ class Draft:
     # reads "source:detail" ("request:long"): a kind first drafted starts from what its source's
     # other kinds showed in the request (SpeculativeDecoder._estimate).
     kind: str | None = None
+    # Tree drafts: nodes deeper than this were guessed past the text the drafter matched (suffix
+    # decoding's drafts longer than their match); their estimates are calibrated apart (node_groups).
+    past_match: int | None = None
 
     def __post_init__(self) -> None:
         if self.parents is not None:
@@ -56,7 +59,8 @@ class Draft:
     def first(self, n: int) -> "Draft":
         """The draft's first n tokens (a tree's first n nodes: a tree too)."""
         cut = lambda xs: None if xs is None else xs[:n]  # noqa: E731
-        return Draft(self.tokens[:n], cut(self.probs), parents=cut(self.parents), node_probs=cut(self.node_probs), kind=self.kind)
+        return Draft(self.tokens[:n], cut(self.probs), parents=cut(self.parents), node_probs=cut(self.node_probs), kind=self.kind,
+                     past_match=self.past_match)
 
     @property
     def depth(self) -> int:
@@ -86,7 +90,16 @@ class Draft:
             parents = [at[self.parents[i]] if self.parents[i] >= 0 else -1 for i in nodes]
         pick = lambda xs: None if xs is None else [xs[i] for i in nodes]  # noqa: E731
         probs = None if self.probs is None else self.probs[nodes]
-        return Draft([self.tokens[i] for i in nodes], probs, parents=parents, node_probs=pick(self.node_probs), kind=self.kind)
+        return Draft([self.tokens[i] for i in nodes], probs, parents=parents, node_probs=pick(self.node_probs), kind=self.kind,
+                     past_match=self.past_match)
+
+    def node_groups(self) -> list[str]:
+        """Each node's calibration group in the k policy: "past" (deeper than `past_match`), else
+        "main" (on the main path) or "branch". Example: parents [-1, 0, 0, 1], past_match 2 ->
+        ["main", "main", "branch", "past"]."""
+        depths = self.node_depths()
+        return ["past" if self.past_match is not None and d > self.past_match else "main" if m else "branch"
+                for d, m in zip(depths, self.main_path())]
 
     def main_path(self) -> list[bool]:
         """For each node: on the tree's main path (from the root, each node's first child, the

@@ -411,7 +411,7 @@ class SuffixProposer:
         """A candidate as a Draft, labelled by source and match length (and counted)."""
         self.stats[pick.source] += 1
         return Draft(tokens=pick.tokens, parents=pick.parents, node_probs=pick.probs if pick.parents is not None else None,
-                     kind=self.kind_of(pick))
+                     kind=self.kind_of(pick), past_match=pick.match_len if pick.parents is not None else None)
 
     @staticmethod
     def kind_of(pick: Candidate) -> str:

@@ -251,3 +251,31 @@ def test_walking_only_levels_that_can_beat_a_rank_finds_the_same_best():
                     assert pruned == full
                 else:  # nothing above beat: whatever is returned cannot outrank it
                     assert pruned is None or pruned.rank <= beat + 1e-9
+
+
+def test_chains_are_sized_by_their_own_path_probabilities(tiny_dir, monkeypatch):
+    """With the adaptive policy a suffix chain carries its tokens' path probabilities and is cut
+    where they stop paying (policy.tree_shape), not at its kind's rate; verification teaches the
+    kind's calibration; the output stays plain decoding's."""
+    from verispec.engine.speculative import SpeculativeDecoder
+    from verispec.proposers.base import Draft
+    target = str(tiny_dir("llama", seed=0))
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    prompt = [1] + [30, 31, 32, 33, 34, 35] * 4
+    ref = LLM(target).generate([prompt], params)[0].token_ids
+    llm = LLM(target, speculative={"method": "suffix", "num_speculative_tokens": 8, "adaptive_k": True})
+    verified = []
+    verify = SpeculativeDecoder._verify
+    monkeypatch.setattr(SpeculativeDecoder, "_verify", lambda self, reqs, drafts: verified.extend(drafts) or verify(self, reqs, drafts))
+    assert llm.generate([prompt], params)[0].token_ids == ref
+    chains = [d for d in verified if len(d)]
+    assert chains and all(d.parents is None and d.node_probs is not None and len(d.node_probs) == len(d) for d in chains)
+    # a draft whose later tokens are unlikely is cut before them, whatever its kind's rate
+    dec = llm.decoder
+    req = dec.start(prompt, params)
+    sure_then_doubtful = Draft([30, 31, 32, 33, 34], node_probs=[1.0, 1.0, 0.05, 0.04, 0.03], kind="request:short", past_match=8)
+    monkeypatch.setattr(dec.proposer, "propose", lambda seq, k: sure_then_doubtful)
+    for _ in range(6):  # the kind's rate says: draft all 8
+        dec._estimate(req, "request:short").observe(8, 8)
+    assert len(dec._propose(req, 1)) == 2
+    dec.finish(req)

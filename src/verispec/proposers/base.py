@@ -34,9 +34,10 @@ class Draft:
     tokens: list[int]  # [n] proposed token ids in the target's vocabulary, n <= k
     probs: torch.Tensor | None = None  # [n, vocab] processed draft distribution; None = deterministic
     parents: list[int] | None = None  # tree drafts: parent node of each token, -1 = the root (the pending token)
-    # Tree drafts: each node's estimated probability of being accepted (the product of its path's
-    # estimates), nodes listed best first with every parent before its children, so any first n
-    # nodes are a tree: the decoder keeps the n the cost curve pays for.
+    # Each node's estimated probability of being accepted (the product of its path's estimates);
+    # a tree's nodes listed best first with every parent before its children, so any first n nodes
+    # are a tree: the decoder keeps the n the cost curve pays for. Trees always; chains from a
+    # drafter with `sizes_by_node_probs`, which the decoder sizes the same way.
     node_probs: list[float] | None = None
     # Drafts of one kind share an acceptance estimate in the k policy (engine/policy.py). A drafter
     # whose drafts differ in reliability labels them (suffix decoding: long or short matches, in the
@@ -45,8 +46,8 @@ class Draft:
     # reads "source:detail" ("request:long"): a kind first drafted starts from what its source's
     # other kinds showed in the request (SpeculativeDecoder._estimate).
     kind: str | None = None
-    # Tree drafts: nodes deeper than this were guessed past the text the drafter matched (suffix
-    # decoding's drafts longer than their match); their estimates are calibrated apart (node_groups).
+    # Nodes deeper than this were guessed past the text the drafter matched (suffix decoding's
+    # drafts longer than their match); their estimates are calibrated apart (node_groups).
     past_match: int | None = None
 
     def __post_init__(self) -> None:
@@ -145,6 +146,8 @@ class Proposer(Protocol):
     labels_drafts: ClassVar[bool]  # its drafts carry a `kind` (optional: False where absent)
     # optional `kind_cost(kind) -> float`: a labelling drafter whose kinds cost differently (hybrid)
     proposes_trees: ClassVar[bool]  # it has propose_tree (optional: False where absent)
+    # optional `sizes_by_node_probs`: a labelling drafter whose chains carry node_probs; the adaptive
+    # policy then sizes each chain from them (calibrated per kind) instead of its kind's rate
 
     def begin(self, seq: SequenceView) -> None:
         """A new request; `seq.tokens` is its prompt."""

@@ -31,13 +31,14 @@ def exact_second_token_distribution(llm):
     return p2.double().numpy()
 
 
-@pytest.fixture(scope="module", params=["draft_model", "suffix", "eagle3", "hybrid"])
+@pytest.fixture(scope="module", params=["draft_model", "suffix", "suffix-adaptive", "eagle3", "hybrid"])
 def spec_llm(tiny_dir, request, tmp_path_factory):
     """A draft model (soft draft probabilities), suffix decoding (one-hot drafts from the
     request's own text, PROMPT repeats "20 21", and, unseeded, from the earlier samples), an
     EAGLE-3 head (soft probabilities over its draft vocabulary, zero outside it), or the hybrid
-    (suffix's one-hot drafts where it is confident, the draft model's soft ones elsewhere)."""
-    spec = {"method": request.param, "num_speculative_tokens": 3, "adaptive_k": False}
+    (suffix's one-hot drafts where it is confident, the draft model's soft ones elsewhere).
+    suffix-adaptive: suffix's chains cut by the adaptive policy from their own path probabilities."""
+    spec = {"method": request.param.removesuffix("-adaptive"), "num_speculative_tokens": 3, "adaptive_k": request.param.endswith("-adaptive")}
     if request.param in ("draft_model", "hybrid"):
         spec["draft_model"] = str(tiny_dir("llama", seed=7))
     if request.param == "hybrid":

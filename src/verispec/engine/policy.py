@@ -24,13 +24,16 @@ verification curve, such as llama.cpp's here, where verifying one draft costs 2.
 2.5 (Gemma 3) one-token forwards), it does not probe at all: each probe costs more than a token,
 for a gain that could only be small.
 
-Choosing k from past acceptance only (never from the current draft) keeps verification
-lossless: the output distribution does not depend on k.
+Choosing k from past acceptance only (never from the current draft's sampled tokens) keeps
+verification lossless: the output distribution does not depend on k. A deterministic draft
+(suffix decoding's, trees' nodes) may be cut by its own estimates: they follow from the context
+alone, not from a draw that the cut would then select on.
 
 Example: a = 0.8, cost(n) = 1 + 0.15 (n - 1), draft_cost 0: E(4) = 3.36 for cost 1.6 (2.1 tokens
 per unit), E(2) = 2.44 for cost 1.3 (1.88): k = 4 wins. At a = 0.1 every k > 0 loses to plain.
 
-Token trees (`tree_size`) are sized the same way from the drafter's own estimates: a tree drafter
+Token trees (`tree_shape`), and the chains of a drafter that gives each token's probability
+(`sizes_by_node_probs`: suffix decoding), are sized the same way from the drafter's own estimates: a tree drafter
 gives each node the probability that it is accepted (its path's estimate), nodes best first, so
 the first n nodes are the best tree of n. A tree of n nodes yields 1 + sum of its nodes'
 probabilities on average (each node counts when the accepted path passes through it), for

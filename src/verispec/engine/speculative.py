@@ -242,7 +242,7 @@ class SpeculativeDecoder:
                 req.estimate.observe(len(draft), num_accepted)
                 if draft.kind is not None:
                     req.estimates[draft.kind].observe(len(draft), num_accepted)
-                    if draft.node_probs is not None:  # a tree draft's main path, verified as a chain
+                    if draft.node_probs is not None:  # sized by its tokens' probabilities (suffix; a tree's main path): their calibration
                         req.estimates[draft.kind].observe_tree(draft.node_probs, draft.node_groups(), list(range(num_accepted)))
             # 5. emit
             emitted = self._emit(req, block, logits, dist)

@@ -259,9 +259,10 @@ class SpeculationPolicy:
         """The same for a chain of the main path's first nodes."""
         per_node = self.draft_cost + DRAFT_OVERHEAD
         q = self._calibrated(path_probs, estimate, groups)
-        best_j, best = 0, 1.0 / self.cost(1)
+        best_j, best, expected = 0, 1.0 / self.cost(1), 1.0
         for j in range(1, len(q) + 1):
-            rate = (1.0 + sum(q[:j])) / (self._path_cost(q[:j], early_exit) + j * per_node)
+            expected += q[j - 1]  # summed as _best_tree sums: the same nodes tie exactly (ties go to the chain)
+            rate = expected / (self._path_cost(q[:j], early_exit) + j * per_node)
             if rate > best:
                 best_j, best = j, rate
         return best_j, best
@@ -269,8 +270,9 @@ class SpeculationPolicy:
     @staticmethod
     def _calibrated(node_probs: list[float], estimate: AcceptanceEstimate, groups: list[str] | None) -> list[float]:
         """Each node's probability of acceptance: the drafter's, scaled by its group's calibration (at most 1)."""
-        scale = {g: estimate.calibration_of(g) for g in set(groups or ["main"])}
-        return [min(1.0, scale[g] * p) for p, g in zip(node_probs, groups or ["main"] * len(node_probs))]
+        groups = groups or ["main"] * len(node_probs)
+        scale = {g: estimate.calibration_of(g) for g in set(groups)}
+        return [min(1.0, scale[g] * p) for p, g in zip(node_probs, groups)]
 
     def _path_cost(self, q: list[float], early_exit: bool) -> float:
         """Expected cost of verifying a chain whose nodes are accepted with path probabilities q

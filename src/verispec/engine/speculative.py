@@ -93,7 +93,7 @@ class SpeculativeDecoder:
         `prefix_cache`: reuse earlier requests' prefixes; `prefill_rows`: prefill prompts that many
         rows per forward through the decoding kernels (None: a prompt in one forward).
         `tree_nodes` > 0: the drafter proposes token trees of up to that many nodes, k deep, sized
-        by the policy (`tree_size`); requests that process logits (penalties, grammars, logit
+        by the policy (`tree_shape`: a tree, or its main path as a chain); requests that process logits (penalties, grammars, logit
         bias) keep chains."""
         if tree_nodes and not (proposer is not None and getattr(proposer, "proposes_trees", False)):
             raise InvalidSpeculativeConfigError(f"tree_max_nodes needs a drafter that proposes token trees (suffix, eagle3), "

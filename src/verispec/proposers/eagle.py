@@ -152,7 +152,7 @@ class EagleProposer:
         """The head's likeliest chain, up to max_depth deep, with each level's second choice beside
         it as a leaf (EAGLE-2's dynamic tree, kept to what needs no extra head step). Each node's
         probability is the product of the head's own probabilities along its path, so the decoder
-        verifies the nodes the cost curve pays for (policy.tree_size, with the request's measured
+        verifies the nodes the cost curve pays for (policy.tree_shape, with the request's measured
         calibration): a confident head drafts deep, an unsure one not at all. The chain stops
         growing where its path falls below EXPAND_MIN. The tokens are the head's argmax picks
         whatever the request's sampling: a deterministic tree (probs None), verified losslessly as

@@ -324,6 +324,39 @@ def _tiny_examples(config, n, seed):
     return out
 
 
+def test_states_past_float16s_range_are_stored_in_bfloat16_and_train_finitely():
+    """Gemma 3's residual streams reach 6e4 and more: stored in float16 they were inf and the
+    training loss NaN. Features fit for float16 stay float16 (its finer mantissa), others are
+    bfloat16; a batch mixing both collates to finite values and a finite loss."""
+    from verispec.models.config import RopeConfig
+    from verispec.models.eagle import HeadConfig
+    from verispec.train.features import narrow
+    from verispec.train.trainer import HeadModule, TrainOptions, collate, ttt_loss
+
+    small = torch.randn(5, 6) * 100
+    assert narrow(small).dtype == torch.float16 and torch.equal(narrow(small), small.half())
+    big = small.clone()
+    big[2, 3] = 2e5  # float16's largest is 65504
+    assert narrow(big).dtype == torch.bfloat16 and torch.isfinite(narrow(big)).all()
+    assert float(narrow(big)[2, 3]) == pytest.approx(2e5, rel=1e-2)
+
+    config = HeadConfig(kind="eagle3", hidden_size=16, num_heads=2, num_kv_heads=1, head_dim=8, intermediate_size=32,
+                        rms_eps=1e-6, rope=RopeConfig(10000.0), vocab_size=40, draft_vocab_size=40, target_hidden_size=16)
+    examples = _tiny_examples(config, 4, 3)
+    for ex in examples[2:]:  # as a Gemma 3 target's: large states, stored as narrow() stores them
+        ex["aux"] = narrow(ex["aux"].float() * 1e5)
+        ex["hidden"] = narrow(ex["hidden"].float() * 1e5)
+    assert examples[0]["hidden"].dtype == torch.float16 and examples[2]["hidden"].dtype == torch.bfloat16
+    batch = collate(examples, [0, 2, 1, 3], max_len=64, dtype=torch.bfloat16)
+    assert torch.isfinite(batch["aux"]).all() and torch.isfinite(batch["hidden"]).all()
+    assert batch["hidden"].abs().max() > 1e5  # not clipped to the first example's float16
+    head = HeadModule(config, torch.randn(40, 16), torch.zeros(40, dtype=torch.long), torch.ones(40, dtype=torch.bool), seed=0)
+    opts = TrainOptions(draft_vocab=40)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, kl, accs, rows = ttt_loss(head, batch, opts.ttt_steps, opts.step_weight, torch.randn(40, 16))
+    assert torch.isfinite(loss) and rows > 0
+
+
 def test_training_can_freeze_the_lm_head_and_logs_held_out_accuracy(tmp_path):
     """train_lm_head=False: the LM head and final norm stay the target's while the rest learns;
     held-out accuracy is logged every val_every steps and at the end, and equals validate()'s."""

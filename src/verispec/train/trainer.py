@@ -220,7 +220,7 @@ def collate(examples: list[dict], idx: list[int], max_len: int, dtype: torch.dty
     first = examples[idx[0]]
     tokens = torch.zeros(B, T, dtype=torch.int64)
     aux = torch.zeros(B, T, first["aux"].shape[1], dtype=dtype)
-    hidden = torch.zeros(B, T, first["hidden"].shape[1], dtype=first["hidden"].dtype)
+    hidden = torch.zeros(B, T, first["hidden"].shape[1])  # float32: examples may mix float16 and bfloat16
     argmax = torch.full((B, T - 1), -1, dtype=torch.int64)  # [B, R]: the target's token after row p's token
     valid = torch.zeros(B, T - 1, dtype=torch.bool)
     for b, i in enumerate(idx):

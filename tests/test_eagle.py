@@ -287,15 +287,21 @@ def test_sharegpt_held_out_records_are_refused(tmp_path):
     assert r.returncode == 2 and "held out" in r.stderr
 
 
+def _tiny_head_config(draft_vocab: int):
+    """A 16-wide EAGLE-3 head over a 40-token target vocabulary: the training tests' shape."""
+    from verispec.models.config import RopeConfig
+    from verispec.models.eagle import HeadConfig
+
+    return HeadConfig(kind="eagle3", hidden_size=16, num_heads=2, num_kv_heads=1, head_dim=8, intermediate_size=32,
+                      rms_eps=1e-6, rope=RopeConfig(10000.0), vocab_size=40, draft_vocab_size=draft_vocab, target_hidden_size=16)
+
+
 def test_head_starts_from_the_targets_lm_head_and_norm():
     """init_from_target: the head's LM head and final norm are copies of the tensors given (the
     target's draft-vocabulary rows and final norm), the rest random; a wrong shape is refused."""
-    from verispec.models.config import RopeConfig
-    from verispec.models.eagle import HeadConfig
     from verispec.train.trainer import HeadModule
 
-    config = HeadConfig(kind="eagle3", hidden_size=16, num_heads=2, num_kv_heads=1, head_dim=8, intermediate_size=32,
-                        rms_eps=1e-6, rope=RopeConfig(10000.0), vocab_size=40, draft_vocab_size=8, target_hidden_size=16)
+    config = _tiny_head_config(draft_vocab=8)
     d2t, t2d = torch.zeros(8, dtype=torch.long), torch.zeros(40, dtype=torch.bool)
     lm, norm = torch.randn(8, 16), torch.rand(16) + 0.5
     embed = torch.randn(40, 16)
@@ -328,8 +334,6 @@ def test_states_past_float16s_range_are_stored_in_bfloat16_and_train_finitely():
     """Gemma 3's residual streams reach 6e4 and more: stored in float16 they were inf and the
     training loss NaN. Features fit for float16 stay float16 (its finer mantissa), others are
     bfloat16; a batch mixing both collates to finite values and a finite loss."""
-    from verispec.models.config import RopeConfig
-    from verispec.models.eagle import HeadConfig
     from verispec.train.features import narrow
     from verispec.train.trainer import HeadModule, TrainOptions, collate, ttt_loss
 
@@ -340,8 +344,7 @@ def test_states_past_float16s_range_are_stored_in_bfloat16_and_train_finitely():
     assert narrow(big).dtype == torch.bfloat16 and torch.isfinite(narrow(big)).all()
     assert float(narrow(big)[2, 3]) == pytest.approx(2e5, rel=1e-2)
 
-    config = HeadConfig(kind="eagle3", hidden_size=16, num_heads=2, num_kv_heads=1, head_dim=8, intermediate_size=32,
-                        rms_eps=1e-6, rope=RopeConfig(10000.0), vocab_size=40, draft_vocab_size=40, target_hidden_size=16)
+    config = _tiny_head_config(draft_vocab=40)
     examples = _tiny_examples(config, 4, 3)
     for ex in examples[2:]:  # as a Gemma 3 target's: large states, stored as narrow() stores them
         ex["aux"] = narrow(ex["aux"].float() * 1e5)
@@ -360,12 +363,9 @@ def test_states_past_float16s_range_are_stored_in_bfloat16_and_train_finitely():
 def test_training_can_freeze_the_lm_head_and_logs_held_out_accuracy(tmp_path):
     """train_lm_head=False: the LM head and final norm stay the target's while the rest learns;
     held-out accuracy is logged every val_every steps and at the end, and equals validate()'s."""
-    from verispec.models.config import RopeConfig
-    from verispec.models.eagle import HeadConfig
     from verispec.train.trainer import HeadModule, TrainOptions, train, validate
 
-    config = HeadConfig(kind="eagle3", hidden_size=16, num_heads=2, num_kv_heads=1, head_dim=8, intermediate_size=32,
-                        rms_eps=1e-6, rope=RopeConfig(10000.0), vocab_size=40, draft_vocab_size=40, target_hidden_size=16)
+    config = _tiny_head_config(draft_vocab=40)
     d2t, t2d = torch.zeros(40, dtype=torch.long), torch.ones(40, dtype=torch.bool)
     lm, norm = torch.randn(40, 16), torch.rand(16) + 0.5
     head = HeadModule(config, torch.randn(40, 16), d2t, t2d, seed=0, init={"lm_head.weight": lm, "norm.weight": norm})

@@ -38,7 +38,8 @@ def spec_llm(tiny_dir, request, tmp_path_factory):
     EAGLE-3 head (soft probabilities over its draft vocabulary, zero outside it), or the hybrid
     (suffix's one-hot drafts where it is confident, the draft model's soft ones elsewhere).
     suffix-adaptive: suffix's chains cut by the adaptive policy from their own path probabilities."""
-    spec = {"method": request.param.removesuffix("-adaptive"), "num_speculative_tokens": 3, "adaptive_k": request.param.endswith("-adaptive")}
+    spec = {"method": request.param.removesuffix("-adaptive"), "num_speculative_tokens": 3,
+            "adaptive_k": request.param.endswith("-adaptive")}
     if request.param in ("draft_model", "hybrid"):
         spec["draft_model"] = str(tiny_dir("llama", seed=7))
     if request.param == "hybrid":

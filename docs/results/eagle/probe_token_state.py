@@ -20,7 +20,7 @@ from verispec.models.registry import load_model
 
 arm, steps = sys.argv[1], int(sys.argv[2])
 run = Path("runs/eagle3-smollm2-int8regen")
-ex = load_shards(run / "features"); val = load_shards(run / "val-features")
+ex, val = load_shards(run / "features"), load_shards(run / "val-features")
 w = load_model("smollm2-135m")
 H = w.config.hidden_size
 if arm == "low":

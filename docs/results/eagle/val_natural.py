@@ -25,7 +25,7 @@ if Manifest.load(out).tokens < 20000:
     build_features(llm, FeatureOptions(data="sharegpt", start=14000, stop=24000, regenerate=False, tokens=20000, max_answer=256), out,
                    default_aux_layers(w.config.num_layers))
 val = load_shards(out)
-cfg, hw = load_head(str(run / "head"), w.config.hidden_size, w.config.vocab_size)
+_, hw = load_head(str(run / "head"), w.config.hidden_size, w.config.vocab_size)
 vocab = torch.load(run / "vocab.pt", weights_only=True)
 lm = w.weights.get("lm_head.weight", w.weights["embed.weight"]).float()
 draft_lm = lm[torch.arange(len(vocab["d2t"])) + vocab["d2t"]]

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from verispec.train import trainer
 from verispec.train.features import load_shards
-from verispec.train.trainer import HeadModule, TrainOptions, head_config_for, train
+from verispec.train.trainer import HeadModule, TrainOptions, draft_lm_head, head_config_for, train
 from verispec.models.registry import load_model
 
 arm, steps = sys.argv[1], int(sys.argv[2])
@@ -30,8 +30,7 @@ if arm == "low":
     src = src.replace(old, "e = aux[:, 1:, :%d].float()" % H)
     exec(src, trainer.__dict__)
 vocab = torch.load(run / "vocab.pt", weights_only=True)
-lm = w.weights.get("lm_head.weight", w.weights["embed.weight"]).float()
-draft_lm = lm[torch.arange(len(vocab["d2t"])) + vocab["d2t"]]
+draft_lm = draft_lm_head(w.weights, vocab["d2t"])
 cfg = head_config_for(w.config, len(vocab["d2t"]))
 init = {"lm_head.weight": draft_lm, "norm.weight": w.weights["norm.weight"].float()}
 m = HeadModule(cfg, w.weights["embed.weight"].float(), vocab["d2t"], vocab["t2d"], 0, init)

@@ -13,7 +13,7 @@ import torch
 
 from verispec import LLM
 from verispec.train.features import FeatureOptions, build_features, load_shards, Manifest
-from verispec.train.trainer import HeadModule, TrainOptions, head_config_for, validate
+from verispec.train.trainer import HeadModule, TrainOptions, draft_lm_head, head_config_for, validate
 from verispec.models.registry import load_model
 from verispec.models.eagle import default_aux_layers
 from verispec.models.eagle_io import load_head
@@ -27,8 +27,7 @@ if Manifest.load(out).tokens < 20000:
 val = load_shards(out)
 _, hw = load_head(str(run / "head"), w.config.hidden_size, w.config.vocab_size)
 vocab = torch.load(run / "vocab.pt", weights_only=True)
-lm = w.weights.get("lm_head.weight", w.weights["embed.weight"]).float()
-draft_lm = lm[torch.arange(len(vocab["d2t"])) + vocab["d2t"]]
+draft_lm = draft_lm_head(w.weights, vocab["d2t"])
 m = HeadModule(head_config_for(w.config, len(vocab["d2t"])), w.weights["embed.weight"].float(), vocab["d2t"], vocab["t2d"], 0,
                {k: v for k, v in hw.items() if k not in ("d2t", "t2d")})
 print(model, run, "natural held-out", len(val), "conversations:", [round(a, 3) for a in validate(m, val, TrainOptions(batch_tokens=2048), draft_lm)])

@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     from verispec.models.eagle_io import save_head
     from verispec.models.registry import load_model
     from verispec.proposers.eagle import target_identity
-    from verispec.train.trainer import HeadModule, choose_draft_vocab, head_config_for, train
+    from verispec.train.trainer import HeadModule, choose_draft_vocab, draft_lm_head, head_config_for, train
 
     start, _, stop = args.records.partition(":")
     start, stop = int(start or 0), int(stop or SHAREGPT_TRAIN_END)
@@ -136,9 +136,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"draft vocabulary: {len(vocab['d2t'])} tokens cover {covered:.1%} of the target's next tokens in the answers")
     # 3. training
     embed = weights.weights["embed.weight"].float()
-    lm = weights.weights.get("lm_head.weight", weights.weights["embed.weight"]).float()
     config = head_config_for(weights.config, len(vocab["d2t"]))
-    draft_lm = lm[torch.arange(len(vocab["d2t"])) + vocab["d2t"]]  # [dv, H]: the target's LM head rows
+    draft_lm = draft_lm_head(weights.weights, vocab["d2t"])  # [dv, H]
     init = {"lm_head.weight": draft_lm, "norm.weight": weights.weights["norm.weight"].float()} if opts.init_from_target else None
     if start_head is not None:  # every weight from the starting head (a checkpoint, once there is one, wins)
         init = {k: v for k, v in start_head.items() if k not in ("d2t", "t2d")}

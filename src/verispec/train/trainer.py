@@ -196,6 +196,13 @@ def choose_draft_vocab(examples: list[dict], size: int, vocab: int) -> tuple[tor
     return ids - torch.arange(size), t2d
 
 
+def draft_lm_head(weights: dict[str, torch.Tensor], d2t: torch.Tensor) -> torch.Tensor:
+    """The target's LM head rows of the draft vocabulary, float32 [draft_vocab, H] (tied heads: the
+    embedding's rows); `weights` a loaded target's tensors by name."""
+    lm = weights.get("lm_head.weight", weights["embed.weight"])
+    return lm[torch.arange(len(d2t)) + d2t].float()
+
+
 def make_batches(examples: list[dict], opts: TrainOptions, rng: random.Random) -> list[list[int]]:
     """Indices grouped by similar length, at most batch_tokens padded tokens each, in random order."""
     order = sorted(range(len(examples)), key=lambda i: (min(len(examples[i]["tokens"]), opts.max_len), rng.random()))

@@ -68,3 +68,32 @@ def test_hybrid_options_are_checked(tiny_dir):
         LLM(target, speculative={"method": "hybrid", "hybrid_drafter": "draft_model"})
     with pytest.raises(InvalidSpeculativeConfigError, match="hybrid_min_score"):
         LLM(target, speculative={"method": "hybrid", "hybrid_min_score": -1})
+
+
+def test_suffix_drafts_are_sized_by_their_path_probabilities_the_models_by_its_rate(reference, tiny_dir, monkeypatch):
+    """As suffix decoding's alone, the adaptive policy cuts the hybrid's suffix chains where their
+    tokens' calibrated path probabilities stop paying (policy.tree_shape), not at their kind's
+    rate; the model's drafts carry no such probabilities and get their kind's k."""
+    from verispec.proposers.base import Draft
+    target, ps, params, ref = reference
+    llm = LLM(str(target), speculative={"method": "hybrid", "hybrid_drafter": "draft_model", "num_speculative_tokens": 8,
+                                        "draft_model": str(tiny_dir("llama", seed=7)), "hybrid_min_score": 0.5})
+    assert [o.token_ids for o in llm.generate(ps, params)] == ref
+    dec, hybrid = llm.decoder, llm.decoder.proposer
+    monkeypatch.setattr(hybrid.model, "relative_cost", 0.0)  # model tokens free: only the rate decides
+    drafts = {
+        "suffix": Draft([30, 31, 32, 33, 34], node_probs=[1.0, 1.0, 0.05, 0.04, 0.03], kind="request:short", past_match=8),
+        "model": Draft([40, 41, 42, 43, 44, 45, 46, 47], kind="model"),
+    }
+    for source, rate in (("suffix", 8), ("model", 8), ("model", 0)):
+        req = dec.start([1] + [30, 31, 32, 33, 34, 35] * 4, params)
+        monkeypatch.setattr(hybrid, "propose", lambda seq, k, d=drafts[source]: d)
+        for _ in range(6):  # each kind's rate: all 8 accepted (or none)
+            dec._estimate(req, drafts[source].kind).observe(8, rate)
+        got = dec._propose(req, 1)
+        if source == "suffix":
+            assert len(got) == 2  # its doubtful tail cut, whatever its kind's rate
+        else:  # the first k of the model's draft, k from its kind's rate: most of it, or none
+            assert got.tokens == drafts["model"].tokens[: len(got)] and got.node_probs is None
+            assert len(got) == req.view.k_for("model") and (len(got) > 0) == (rate > 0), (len(got), rate)
+        dec.finish(req)

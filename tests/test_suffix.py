@@ -210,30 +210,11 @@ def test_one_token_matches_only_where_no_source_has_the_last_two():
     p.begin(new_word)
     c = p.candidate(new_word, 8)
     assert c.tokens == [50, 51, 52] and c.match_len == 1 and p.kind_of(c) == "global:one"
-    new_word.k_for = lambda kind: 0 if kind == "global:one" else 8  # the policy would not verify it: no lookup
-    assert p.candidate(new_word, 8) is None
     # the request's own text has the last two tokens: its 2-token match, not earlier responses' 1-token one
     own = SequenceView(2, [3, 7, 60, 61, 62, 8, 7, 60], 8, greedy, None, 100)
     p.begin(own)
     c = p.candidate(own, 8)
     assert c.source == "request" and c.match_len == 2 and c.tokens[:3] == [61, 62, 8]
-
-
-def test_a_kind_that_stopped_paying_does_not_block_the_other_sources_draft():
-    p = SuffixProposer(max_cached_requests=10)
-    greedy = SamplingParams(temperature=0)
-    earlier = SequenceView(0, [1, 2], 2, greedy, None, 100)
-    p.begin(earlier)
-    earlier.tokens += [5, 6, 7, 8, 20, 21, 22, 23]  # the earlier response matches 4 tokens, then 20 21 22 23
-    p.end(earlier)
-    view = SequenceView(1, [9, 7, 8, 30, 31, 4, 5, 6, 7, 8], 10, greedy, None, 100)  # its own text: "7 8" then 30 31
-    p.begin(view)
-    assert p.candidate(view, 8).source == "global"  # the longer match outranks
-    view.k_for = lambda kind: 0 if kind.startswith("global") else 8  # the policy no longer verifies those
-    c = p.candidate(view, 8)
-    assert c.source == "request" and c.tokens[:2] == [30, 31]
-    view.k_for = lambda kind: 0
-    assert p.candidate(view, 8) is None
 
 
 def test_walking_only_levels_that_can_beat_a_rank_finds_the_same_best():

@@ -339,18 +339,16 @@ class SpeculativeDecoder:
         early_exit = req.params.greedy  # see _verify; the policy weighs the chunks it may skip
         if getattr(self.proposer, "labels_drafts", False):  # draft first, then the k its kind pays for
             most = min(self.policy.choose(AcceptanceEstimate(1.0, 0.0), batch_size, early_exit), room)
-            if getattr(self.proposer, "sizes_by_node_probs", False) and self.policy.adaptive:
-                # the draft's own path probabilities, calibrated per kind, size it (tree_shape, as a chain)
-                draft = self.proposer.propose(req.view, most) if most > 0 else Draft(tokens=[])
-                if not len(draft) or draft.node_probs is None:
-                    return Draft(tokens=[])
-                estimate = self._estimate(req, draft.kind or "")
-                k, _ = self.policy.tree_shape(draft.node_probs, estimate, batch_size, draft.node_groups(), early_exit=early_exit)
-                return self._allowed(req, draft.first(k)) if k > 0 else Draft(tokens=[])
             k_for = req.view.k_for = self._k_for(req, batch_size, early_exit, most)
             draft = self.proposer.propose(req.view, most) if most > 0 else Draft(tokens=[])
             if not len(draft):
                 return Draft(tokens=[])
+            if draft.node_probs is not None and getattr(self.proposer, "sizes_by_node_probs", False) and self.policy.adaptive:
+                # the draft's own path probabilities, calibrated per kind, size it (tree_shape, as a chain)
+                estimate = self._estimate(req, draft.kind or "")
+                k, _ = self.policy.tree_shape(draft.node_probs, estimate, batch_size, draft.node_groups(), early_exit=early_exit)
+                return self._allowed(req, draft.first(k)) if k > 0 else Draft(tokens=[])
+            # by its kind's rate; node_probs dropped (they would feed the kind's path calibration)
             k = min(k_for(draft.kind or ""), len(draft))
             return self._allowed(req, Draft(draft.tokens[:k], None if draft.probs is None else draft.probs[:k], kind=draft.kind or ""))
         k = min(self.policy.choose(req.estimate, batch_size, early_exit), room)

@@ -31,6 +31,7 @@ MODEL_DRAFTERS = ("eagle3", "draft_model")
 @register("hybrid")
 class HybridProposer:
     labels_drafts = True  # kinds: suffix's own, and "model"
+    sizes_by_node_probs = True  # suffix's chains (the model's drafts carry none: sized by their kind's rate)
 
     def __init__(self, suffix: SuffixProposer, model, min_score: float) -> None:
         self.suffix = suffix
@@ -71,19 +72,19 @@ class HybridProposer:
         self.model.begin(seq)
 
     def propose(self, seq: SequenceView, k: int) -> Draft:
-        """Suffix's draft if confident (and its kind pays), else the model's (if its kind pays),
-        else suffix's all the same (free) if its kind pays; else nothing."""
+        """Suffix's draft if confident, else the model's (if its kind pays), else suffix's all the
+        same (free); else nothing. Suffix's drafts carry their path probabilities: the decoder
+        sizes them as suffix decoding's alone (`sizes_by_node_probs`), the model's by its kind's rate."""
         k_for = seq.k_for or (lambda kind: k)
         pick = self.suffix.candidate(seq, k)
-        pays = pick is not None and k_for(self.suffix.kind_of(pick)) > 0
-        if pays and pick.score >= self.min_score:
+        if pick is not None and pick.score >= self.min_score:
             return self._suffix(seq, pick)
         k_model = k_for("model")  # model tokens cost: only as many as pay
         if k_model > 0:
             self._last[seq.request_id] = self.model
             self.stats["model"] += 1
             return dataclasses.replace(self.model.propose(seq, k_model), kind="model")
-        if pays:
+        if pick is not None:
             return self._suffix(seq, pick)
         self.stats["none"] += 1
         return Draft(tokens=[])

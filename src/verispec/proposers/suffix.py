@@ -398,25 +398,20 @@ class SuffixProposer:
         # A seeded sampled request drafts from its own text only: which drafts it gets decides how
         # its random stream is consumed, and its tokens must not depend on what else the engine served
         seeded = seq.params.seed is not None and not seq.params.greedy
-        # Only drafts of kinds the policy would verify now compete (seq.k_for, when the decoder
-        # asks): a better-ranked draft of a kind that stopped paying no longer blocks the other
-        # source's. The earlier responses are walked only where they can outrank the request's own.
-        wanted = lambda c: c is not None and (seq.k_for is None or seq.k_for(self.kind_of(c)) > 0)  # noqa: E731
-        for one_token in (False, True):  # the tail's last token alone only where no source has its last two,
-            # and only from a source whose one-token drafts the policy would verify (no lookup otherwise)
-            asked = lambda source: not one_token or seq.k_for is None or seq.k_for(f"{source}:one") > 0  # noqa: E731
-            mine = own.best(*args, exclude_from=len(own.tokens), max_nodes=max_nodes, one_token=one_token) if asked("request") else None
+        # The earlier responses are walked only where they can outrank the request's own.
+        for one_token in (False, True):  # the tail's last token alone only where no source has its last two
+            mine = own.best(*args, exclude_from=len(own.tokens), max_nodes=max_nodes, one_token=one_token)
             if mine is not None:
                 mine.source = "request"
-            beat = mine.rank if wanted(mine) else -1.0
             theirs = None
-            if not seeded and asked("global"):
-                theirs = self.responses.index.best(*args, max_nodes=max_nodes, one_token=one_token, beat=beat)
+            if not seeded:
+                theirs = self.responses.index.best(*args, max_nodes=max_nodes, one_token=one_token,
+                                                   beat=mine.rank if mine is not None else -1.0)
             if theirs is not None:
                 theirs.source = "global"
             if mine is not None or theirs is not None:
                 break
-        return max((c for c in (mine, theirs) if wanted(c)), key=lambda c: c.rank, default=None)
+        return max((c for c in (mine, theirs) if c is not None), key=lambda c: c.rank, default=None)
 
     def draft_of(self, pick: Candidate) -> Draft:
         """A candidate as a Draft, labelled by source and match length (and counted)."""

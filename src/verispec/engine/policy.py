@@ -33,9 +33,10 @@ Example: a = 0.8, cost(n) = 1 + 0.15 (n - 1), draft_cost 0: E(4) = 3.36 for cost
 per unit), E(2) = 2.44 for cost 1.3 (1.88): k = 4 wins. At a = 0.1 every k > 0 loses to plain.
 
 Token trees (`tree_shape`), and the chains of a drafter that gives each token's probability
-(`sizes_by_node_probs`: suffix decoding, alone or in the hybrid), are sized the same way from the drafter's own estimates: a tree drafter
-gives each node the probability that it is accepted (its path's estimate), nodes best first, so
-the first n nodes are the best tree of n. A tree of n nodes yields 1 + sum of its nodes'
+(`sizes_by_node_probs`: suffix decoding, alone or in the hybrid), are sized the same way from the
+drafter's own estimates: a tree drafter gives each node the probability that it is accepted (its
+path's estimate), nodes best first, so the first n nodes are the best tree of n. A tree of n
+nodes yields 1 + sum of its nodes'
 probabilities on average (each node counts when the accepted path passes through it), for
 cost(n + 1) + n draft costs; the policy keeps the n with the most tokens per unit of cost. The
 drafter's probabilities are scaled by the request's calibration (per draft kind): accepted

@@ -147,7 +147,7 @@ class Proposer(Protocol):
     # optional `kind_cost(kind) -> float`: a labelling drafter whose kinds cost differently (hybrid)
     proposes_trees: ClassVar[bool]  # it has propose_tree (optional: False where absent)
     # optional `sizes_by_node_probs`: a labelling drafter whose chains carry node_probs; the adaptive
-    # policy then sizes each chain that has them from them (calibrated per kind) instead of its kind's rate
+    # policy then sizes each chain that carries them by them (calibrated per kind), not by its kind's rate
 
     def begin(self, seq: SequenceView) -> None:
         """A new request; `seq.tokens` is its prompt."""

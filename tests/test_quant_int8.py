@@ -369,11 +369,11 @@ def test_tiling_in_chunks_gives_the_same_tiles_and_reports_what_it_read():
 
 def test_eagle3_on_int8_drafts_with_an_int8_head_and_stays_exact():
     """A target on gguf-int8 gets an EAGLE head whose products are int8 too (its matrices rounded to
-    Q8_0 tiles): close to the float16 head's logits, not the same, and the speculative output is
-    still the target's plain decoding."""
+    Q8_0 tiles), for catch-ups over many states as for drafting steps: close to the float16 head's
+    logits, not the same, and the speculative output is still the target's plain decoding."""
     from verispec import LLM, SamplingParams
     from verispec.engine.backends import RunnerConfig, build_runner
-    from verispec.models.eagle import EagleHead
+    from verispec.models.eagle import KERNEL_ROWS, TILED_KERNEL_ROWS, EagleHead
     from verispec.models.eagle_io import load_head
     from verispec.proposers.eagle import bundled_head
 
@@ -385,6 +385,25 @@ def test_eagle3_on_int8_drafts_with_an_int8_head_and_stays_exact():
     tokens = torch.tensor([5, 17, 200, 31])
     a, b = (h.forward(states, tokens, h.new_cache(16), True)[0] for h in heads)
     assert not torch.equal(a, b)
+    assert torch.nn.functional.cosine_similarity(a, b, dim=-1).min() > 0.99
+    # a catch-up longer than a drafting step (40 states, as a prompt's) goes through the int8 head's
+    # kernel as the target's tiled prompts do; the float16 head's through torch's products
+    assert heads[0].kernel_rows == KERNEL_ROWS < 40 < heads[1].kernel_rows == TILED_KERNEL_ROWS
+
+    class Counting:  # the kernel, counting the rows of each product
+        def __init__(self, kernel):
+            self.kernel, self.rows = kernel, []
+
+        def weight_mm(self, x, weight):
+            self.rows.append(x.shape[0])
+            return self.kernel.weight_mm(x, weight)
+
+    g = torch.Generator().manual_seed(1)
+    long_states, long_tokens = torch.randn(40, 3 * target.config.hidden_size, generator=g), torch.randint(3, 1000, (40,), generator=g)
+    for h in heads:
+        h.kernel = Counting(h.kernel)
+    a, b = (h.forward(long_states, long_tokens, h.new_cache(48), True, logit_rows=1)[0] for h in heads)
+    assert heads[0].kernel.rows == [1] and set(heads[1].kernel.rows) == {40, 1}  # LM head: the last row only
     assert torch.nn.functional.cosine_similarity(a, b, dim=-1).min() > 0.99
 
     msgs = [[{"role": "user", "content": "Explain how a bicycle works."}], [{"role": "user", "content": "Write a short poem about rain."}]]

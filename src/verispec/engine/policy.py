@@ -35,18 +35,17 @@ per unit), E(2) = 2.44 for cost 1.3 (1.88): k = 4 wins. At a = 0.1 every k > 0 l
 Token trees (`tree_shape`), and the chains of a drafter that gives each token's probability
 (`sizes_by_node_probs`: suffix decoding, alone or in the hybrid), are sized the same way from the
 drafter's own estimates: a tree drafter gives each node the probability that it is accepted (its
-path's estimate), nodes best first, so the first n nodes are the best tree of n. A tree of n
-nodes yields 1 + sum of its nodes'
-probabilities on average (each node counts when the accepted path passes through it), for
-cost(n + 1) + n draft costs; the policy keeps the n with the most tokens per unit of cost. The
-drafter's probabilities are scaled by the request's calibration (per draft kind): accepted
-tokens over the probabilities' sum, decayed over past trees as the rate above, apart for each
-group of nodes whose estimates are calibrated differently (Draft.node_groups): the main path
-(each node's likeliest child from the root), the branches off it, and the nodes a drafter guessed
-past the text it matched (suffix decoding's nodes deeper than the match: on SmolLM2's repetitive
-workload accepted 25% of the time for an estimated 75%, against 59% for 90% within the match).
-Example: node probabilities [0.9, 0.6, 0.3, 0.1], calibration 1, the cost above with
-DRAFT_OVERHEAD per node: n = 2 yields 2.5 for 1.4 (1.79 per unit), n = 3 yields 2.8 for 1.6
+path's estimate), nodes best first, so the first n nodes are the best tree of n. A tree of n nodes
+yields 1 + sum of its nodes' probabilities on average (each node counts when the accepted path
+passes through it), for cost(n + 1) + n draft costs; the policy keeps the n with the most tokens
+per unit of cost. The drafter's probabilities are scaled by the request's calibration (per draft
+kind): accepted tokens over the probabilities' sum, decayed over past trees as the rate above,
+apart for each group of nodes whose estimates are calibrated differently (Draft.node_groups): the
+main path (each node's likeliest child from the root), the branches off it, and the nodes a
+drafter guessed past the text it matched (suffix decoding's nodes deeper than the match: on
+SmolLM2's repetitive workload accepted 25% of the time for an estimated 75%, against 59% for 90%
+within the match). Example: node probabilities [0.9, 0.6, 0.3, 0.1], calibration 1, the cost above
+with DRAFT_OVERHEAD per node: n = 2 yields 2.5 for 1.4 (1.79 per unit), n = 3 yields 2.8 for 1.6
 (1.75): 2 nodes. Where the best first nodes all lie on the main path, it is verified as a chain
 (`tree_shape`).
 """

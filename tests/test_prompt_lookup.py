@@ -25,3 +25,29 @@ def test_min_n_respected():
     tokens = [1, 2, 3, 4, 9, 8, 7, 4]
     assert find_continuation(tokens, 2, 1, 3) == [9, 8]
     assert find_continuation(tokens, 2, 2, 3) == []
+
+
+def test_the_index_answers_as_the_full_search_at_every_length():
+    import random
+
+    from verispec.proposers.prompt_lookup import NgramIndex
+
+    rng = random.Random(7)
+    for vocab, min_n, max_n in ((3, 1, 3), (5, 2, 4), (40, 1, 2)):
+        tokens: list[int] = []
+        index = NgramIndex(min_n, max_n)
+        for step in range(300):
+            tokens.extend(rng.randrange(vocab) for _ in range(rng.choice((1, 1, 2, 5))))  # kept tokens arrive in runs
+            k = rng.randrange(0, 9)
+            assert index.continuation(tokens, k) == find_continuation(tokens, k, min_n, max_n), (vocab, step, k)
+
+
+def test_the_index_refuses_a_shrunk_request():
+    import pytest
+
+    from verispec.proposers.prompt_lookup import NgramIndex
+
+    index = NgramIndex(1, 3)
+    index.continuation([1, 2, 1, 2], 2)
+    with pytest.raises(ValueError, match="only grow"):
+        index.continuation([1, 2], 2)

@@ -260,3 +260,23 @@ def test_chains_are_sized_by_their_own_path_probabilities(tiny_dir, monkeypatch)
         dec._estimate(req, "request:short").observe(8, 8)
     assert len(dec._propose(req, 1)) == 2
     dec.finish(req)
+
+
+def test_few_occurrences_gathered_in_python_as_many_are_with_numpy(monkeypatch):
+    import random
+
+    import verispec.proposers.suffix as suffix
+
+    rng = random.Random(1)
+    for trial in range(150):
+        vocab = rng.choice((3, 6, 20))
+        ix = index_of(*[[rng.randrange(vocab) for _ in range(rng.randrange(3, 60))] for _ in range(rng.randrange(1, 8))])
+        ix.extend([rng.randrange(vocab) for _ in range(rng.randrange(0, 20))])  # an open document: continuations run off the end
+        if trial % 3 == 0:
+            ix.live_from = rng.randrange(0, len(ix.tokens))  # evicted positions never match
+        tail = [rng.randrange(vocab) for _ in range(rng.randrange(2, 12))]
+        for args in ((tail, 8, 24, None, False), (tail, 3, 5, len(ix.tokens) - 2, False), (tail, 6, 24, None, True)):
+            monkeypatch.setattr(suffix, "FEW_OCCURRENCES", 10**6)
+            python = ix._occurrences(*args)
+            monkeypatch.setattr(suffix, "FEW_OCCURRENCES", 0)
+            assert ix._occurrences(*args) == python, (trial, args)

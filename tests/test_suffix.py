@@ -280,3 +280,23 @@ def test_few_occurrences_gathered_in_python_as_many_are_with_numpy(monkeypatch):
             python = ix._occurrences(*args)
             monkeypatch.setattr(suffix, "FEW_OCCURRENCES", 0)
             assert ix._occurrences(*args) == python, (trial, args)
+
+
+def test_kinds_from_earlier_responses_share_one_estimate_across_requests(tiny_dir):
+    """How well the earlier responses predict is the store's: a later request starts from what the
+    engine's earlier requests learnt of those kinds, while its own text's kinds start afresh."""
+    llm = LLM(str(tiny_dir("llama", seed=0)), speculative={"method": "suffix", "num_speculative_tokens": 8, "adaptive_k": True})
+    dec = llm.decoder
+    first = dec.start([1, 30, 31, 32], SamplingParams(temperature=0.0, max_tokens=24))
+    for _ in range(5):
+        dec._estimate(first, "global:short").observe(8, 0)
+        dec._estimate(first, "request:short").observe(8, 0)
+    dec.finish(first)
+    second = dec.start([1, 30, 31, 32], SamplingParams(temperature=0.0, max_tokens=24))
+    assert dec._estimate(second, "global:short").rate < 0.2  # the engine's, learnt by the first request
+    assert dec._estimate(second, "request:short").rate == pytest.approx(0.5)  # its own: the prior
+    dec._estimate(second, "global:short").observe(8, 8)
+    dec.finish(second)
+    third = dec.start([1, 30, 31, 32], SamplingParams(temperature=0.0, max_tokens=24))
+    assert dec._estimate(third, "global:short") is dec._estimate(second, "global:short")
+    dec.finish(third)

@@ -148,6 +148,10 @@ class Proposer(Protocol):
     proposes_trees: ClassVar[bool]  # it has propose_tree (optional: False where absent)
     # optional `sizes_by_node_probs`: a labelling drafter whose chains carry node_probs; the adaptive
     # policy then sizes each chain that carries them by them (calibrated per kind), not by its kind's rate
+    # optional `shared_sources`: sources of a labelling drafter's kinds that every request draws from
+    # (suffix decoding's earlier responses): the decoder keeps one acceptance estimate per such kind
+    # for all requests (never drafted for a seeded sampled request, whose k choices must not depend
+    # on other requests)
 
     def begin(self, seq: SequenceView) -> None:
         """A new request; `seq.tokens` is its prompt."""

@@ -32,6 +32,7 @@ MODEL_DRAFTERS = ("eagle3", "draft_model")
 class HybridProposer:
     labels_drafts = True  # kinds: suffix's own, and "model"
     sizes_by_node_probs = True  # suffix's chains (the model's drafts carry none: sized by their kind's rate)
+    shared_sources = SuffixProposer.shared_sources  # suffix's earlier responses: one estimate per kind for the engine
 
     def __init__(self, suffix: SuffixProposer, model, min_score: float) -> None:
         self.suffix = suffix

@@ -336,6 +336,7 @@ class SuffixProposer:
     # Gemma 3's repetitive workload 3.747x -> 3.918x its plain decoding, its Spec-Bench (24
     # questions) 3.216x -> 3.279x; SmolLM2's Spec-Bench (36) 1.248x -> 1.250x.
     sizes_by_node_probs = True
+    shared_sources = frozenset({"global"})  # earlier responses: one estimate per kind for the engine (the decoder's)
     proposes_trees = True  # the occurrences' other continuations are the tree's branches
 
     def __init__(self, max_depth: int = _DEFAULTS.suffix_decoding_max_tree_depth,

@@ -7,15 +7,12 @@ Larger n first; among matches, the most recent one with k tokens after it, else 
 
 Each request keeps an index of where every n-gram of its tokens starts (`NgramIndex`), caught up
 with the tokens kept since its last draft, so a draft costs a few dictionary lookups however long
-the request; `find_continuation` is the same search over the whole list (the index's reference).
+the request; `find_continuation` asks a fresh index once, for a whole list.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
-
-import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from verispec.proposers.base import Draft, SequenceView, register
 
@@ -53,7 +50,7 @@ class NgramIndex:
 
     Example, n = 2, tokens a b a b: starts[2] = {(a, b): [0, 2], (b, a): [1]}. `continuation`
     indexes the tokens added since its last call (a request's tokens only grow), then answers
-    exactly as `find_continuation` over the whole list."""
+    for the whole list."""
 
     def __init__(self, min_n: int, max_n: int) -> None:
         self.min_n, self.max_n = min_n, max_n
@@ -70,7 +67,7 @@ class NgramIndex:
         self.size = len(tokens)
 
     def continuation(self, tokens: list[int], k: int) -> list[int]:
-        """find_continuation(tokens, k, min_n, max_n)."""
+        """Up to k tokens that followed the chosen earlier occurrence of the longest tail n-gram (the module's rule)."""
         self.catch_up(tokens)
         n_tokens = len(tokens)
         if n_tokens < self.min_n + 1 or k < 1:
@@ -86,18 +83,6 @@ class NgramIndex:
 
 
 def find_continuation(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
-    """Up to k tokens that followed the most recent earlier occurrence of the longest tail n-gram."""
-    n_tokens = len(tokens)
-    if n_tokens < min_n + 1 or k < 1:
-        return []
-    arr = np.asarray(tokens, dtype=np.int64)
-    for n in range(min(max_n, n_tokens - 1), min_n - 1, -1):
-        tail = arr[n_tokens - n :]
-        windows = sliding_window_view(arr[: n_tokens - 1], n)  # windows starting at 0..n_tokens-1-n
-        hits = np.flatnonzero((windows == tail).all(axis=1))
-        if hits.size:
-            starts = hits + n  # where each match's continuation begins
-            full = starts[starts + k <= n_tokens]
-            start = int(full[-1]) if full.size else int(starts[0])
-            return arr[start : start + k].tolist()
-    return []
+    """Up to k tokens that followed the most recent earlier occurrence of the longest tail n-gram
+    (the module's rule), from a fresh index over `tokens`."""
+    return NgramIndex(min_n, max_n).continuation(tokens, k)

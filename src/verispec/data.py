@@ -84,6 +84,14 @@ def questions(source: str | None = None) -> list[dict]:
     return load_questions(find_spec_bench(source))
 
 
+def question_set_name(source: str | None) -> str:
+    """What `questions(source)` reads, for titles: "Spec-Bench" (its default), the project's own
+    prompts, its repetitive workload, held-out ShareGPT conversations, or a file's name."""
+    names = {None: "Spec-Bench", "spec_bench": "Spec-Bench", "builtin": "verispec's own prompts",
+             "repetitive": "the repetitive workload", "sharegpt_heldout": "held-out ShareGPT conversations"}
+    return names.get(source) or f"questions from {Path(source).name}"
+
+
 def subtask(question: dict) -> str:
     """Spec-Bench's six subtasks: MT-bench's eight categories count as one, multi_turn."""
     return "multi_turn" if question["category"] in MT_BENCH else question["category"]

@@ -115,8 +115,10 @@ def _run_model(args: argparse.Namespace, model: str, out: Path):
 def _write_summary(results: list, out: Path) -> None:
     """<out>/summary.md: each model's per-backend table, side by side in one file."""
     from verispec.bench.report import backends_table, summarize
+    from verispec.data import question_set_name
 
-    lines = ["# Spec-Bench: plain decoding and the best speculative method per backend, every model", ""]
+    title = question_set_name(results[0].config.questions) if results else "Spec-Bench"
+    lines = [f"# {title}: plain decoding and the best speculative method per backend, every model", ""]
     for result in results:
         cfg = result.config
         n_q = len({r.question_id for r in result.records})

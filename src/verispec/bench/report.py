@@ -13,6 +13,7 @@ from pathlib import Path
 from statistics import mean
 
 from verispec.bench.run import BenchResult, Record, split_family, subtasks_in
+from verispec.data import question_set_name
 
 PEERS = ("hf", "hf_prompt_lookup", "hf_assisted", "llamacpp", "llamacpp_prompt_lookup")
 
@@ -125,7 +126,7 @@ def markdown(result: BenchResult) -> str:
     subs = subtasks_in(s for row in summary.values() for s in row["speedup"])
     n_q = len({r.question_id for r in result.records})
     lines = [
-        f"# Spec-Bench: {cfg.model}",
+        f"# {question_set_name(cfg.questions)}: {cfg.model}",
         "",
         f"{n_q} questions ({cfg.limit} per subtask at most), max {cfg.max_tokens} new tokens per turn, "
         f"temperature {cfg.temperature}, k = {cfg.k} for our speculative methods (the peers' prompt lookup drafts "
@@ -190,7 +191,7 @@ def plots(result: BenchResult, out: Path) -> list[Path]:
     ax.set_ylim(0, top * 1.3)  # room for the legend above the bars
     ax.set_xticks([j + width * (len(summary) - 1) / 2 for j in range(len(subs))], subs)
     ax.set_ylabel("speedup over our plain decoding")
-    ax.set_title(f"Spec-Bench speedup per subtask: {result.config.model}")
+    ax.set_title(f"{question_set_name(result.config.questions)}: speedup per subtask, {result.config.model}")
     ax.legend(fontsize=8, ncol=min(4, len(summary)), loc="upper center")
     fig.tight_layout()
     paths.append(out / "speedup.png")

@@ -275,11 +275,48 @@ def test_few_occurrences_gathered_in_python_as_many_are_with_numpy(monkeypatch):
         if trial % 3 == 0:
             ix.live_from = rng.randrange(0, len(ix.tokens))  # evicted positions never match
         tail = [rng.randrange(vocab) for _ in range(rng.randrange(2, 12))]
-        for args in ((tail, 8, 24, None, False), (tail, 3, 5, len(ix.tokens) - 2, False), (tail, 6, 24, None, True)):
+        for k, max_depth, exclude_from, one_token in ((8, 24, None, False), (3, 5, len(ix.tokens) - 2, False), (6, 24, None, True)):
+            span = ix._span(tail, k, exclude_from, one_token)
+            if span is None:
+                continue
             monkeypatch.setattr(suffix, "FEW_OCCURRENCES", 10**6)
-            python = ix._occurrences(*args)
+            python = ix._gather(*span, tail, k, max_depth)
             monkeypatch.setattr(suffix, "FEW_OCCURRENCES", 0)
-            assert ix._occurrences(*args) == python, (trial, args)
+            assert ix._gather(*span, tail, k, max_depth) == python, (trial, k)
+
+
+def test_chains_searched_in_cpp_are_the_python_walks(monkeypatch):
+    """kernels/suffix.cpp finds the chain TokenIndex.best's Python walk finds: the same tokens, path
+    probabilities to the bit and match length, on random indices (evicted positions, open
+    documents, one-token levels, ranks to beat, short and long spec factors)."""
+    import random
+
+    import verispec.proposers.suffix as suffix
+    from verispec.models import rowwise
+
+    native = rowwise.load_variant(rowwise.chosen_variant())
+    rng = random.Random(7)
+    drafted = 0
+    for trial in range(300):
+        vocab = rng.choice((2, 3, 6, 20))
+        ix = index_of(*[[rng.randrange(vocab) for _ in range(rng.randrange(3, 80))] for _ in range(rng.randrange(1, 10))])
+        ix.extend([rng.randrange(vocab) for _ in range(rng.randrange(0, 20))])
+        if trial % 3 == 0:
+            ix.live_from = rng.randrange(0, len(ix.tokens))
+        tail = [rng.randrange(vocab) for _ in range(rng.randrange(2, 30))]
+        args = dict(k=rng.choice((1, 3, 8)), max_depth=rng.choice((2, 5, 24)), max_spec_factor=rng.choice((0.5, 1.0, 2.0, 3.3)),
+                    min_token_prob=rng.choice((0.0, 0.1, 0.3)), exclude_from=rng.choice((None, len(ix.tokens) - 1)),
+                    one_token=rng.random() < 0.3, beat=rng.choice((-1.0, -1.0, 0.5, 1.5)))
+        monkeypatch.setattr(suffix, "loaded_kernel", lambda: None)
+        python = ix.best(tail, **args)
+        monkeypatch.setattr(suffix, "loaded_kernel", lambda: native)
+        cpp = ix.best(tail, **args)
+        if python is None:
+            assert cpp is None, (trial, args)
+            continue
+        drafted += 1
+        assert (cpp.tokens, cpp.probs, cpp.match_len) == (python.tokens, python.probs, python.match_len), (trial, args)
+    assert drafted > 100  # most trials draft: the comparison covers the walk, not only "no draft"
 
 
 def test_kinds_from_earlier_responses_share_one_estimate_across_requests(tiny_dir):

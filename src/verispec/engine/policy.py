@@ -52,6 +52,7 @@ with DRAFT_OVERHEAD per node: n = 2 yields 2.5 for 1.4 (1.79 per unit), n = 3 yi
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, field
 from typing import Callable
@@ -152,6 +153,7 @@ class SpeculationPolicy:
         # `cost` and `chunks` are fixed once the policy is built: each row count's chunks and their
         # costs are kept, and so are the rates at the acceptances asked for every step (a = 1 for
         # the most a drafter may propose, PROBE_RATE) -- the policy runs several times a step
+        self._cost = functools.lru_cache(maxsize=None)(cost)  # each row count's cost, computed once
         self._chunk_costs: dict[int, list[tuple[float, int]]] = {}
         self._rates: dict[tuple, tuple[float, ...]] = {}
 
@@ -161,7 +163,7 @@ class SpeculationPolicy:
         it were all accepted, probability a^r. Example: 9 rows in chunks [3, 3, 3] at a = 0.8 cost
         cost(3) * (1 + 0.8^3 + 0.8^6) = 1.77 cost(3) instead of 3 cost(3)."""
         if not early_exit or self.chunks is None:
-            return self.cost(n)
+            return self._cost(n)
         return sum(c * a**start for c, start in self._chunk_parts(n))
 
     def _chunk_parts(self, n: int) -> list[tuple[float, int]]:
@@ -170,7 +172,7 @@ class SpeculationPolicy:
         if parts is None:
             assert self.chunks is not None
             starts = itertools.accumulate(self.chunks(n), initial=0)
-            parts = self._chunk_costs[n] = [(self.cost(size), start) for size, start in zip(self.chunks(n), starts)]
+            parts = self._chunk_costs[n] = [(self._cost(size), start) for size, start in zip(self.chunks(n), starts)]
         return parts
 
     def rates(self, a: float, early_exit: bool = False, draft_cost: float | None = None) -> tuple[float, ...]:
@@ -246,10 +248,10 @@ class SpeculationPolicy:
     def _best_tree(self, node_probs: list[float], estimate: AcceptanceEstimate, groups: list[str] | None) -> tuple[int, float]:
         """The number of first nodes with the most expected tokens per unit of cost (0: none pays), and that rate."""
         per_node = self.draft_cost + DRAFT_OVERHEAD
-        best_n, best, expected = 0, 1.0 / self.cost(1), 1.0
+        best_n, best, expected = 0, 1.0 / self._cost(1), 1.0
         for n, q in enumerate(self._calibrated(node_probs, estimate, groups), 1):
             expected += q
-            rate = expected / (self.cost(n + 1) + n * per_node)
+            rate = expected / (self._cost(n + 1) + n * per_node)
             if rate > best:
                 best_n, best = n, rate
         return best_n, best
@@ -259,7 +261,7 @@ class SpeculationPolicy:
         """The same for a chain of the main path's first nodes."""
         per_node = self.draft_cost + DRAFT_OVERHEAD
         q = self._calibrated(path_probs, estimate, groups)
-        best_j, best, expected = 0, 1.0 / self.cost(1), 1.0
+        best_j, best, expected = 0, 1.0 / self._cost(1), 1.0
         for j in range(1, len(q) + 1):
             expected += q[j - 1]  # summed as _best_tree sums: the same nodes tie exactly (ties go to the chain)
             rate = expected / (self._path_cost(q[:j], early_exit) + j * per_node)
@@ -279,7 +281,7 @@ class SpeculationPolicy:
         (each: that it and every node before it are accepted): `step_cost`, with each chunk
         weighed by the chance it runs from q instead of a^r."""
         if not early_exit or self.chunks is None:
-            return self.cost(len(q) + 1)
+            return self._cost(len(q) + 1)
         return sum(c * (q[start - 1] if start else 1.0) for c, start in self._chunk_parts(len(q) + 1))
 
     def _paying(self, k: int, estimate: AcceptanceEstimate, early_exit: bool, draft_cost: float | None = None) -> int:

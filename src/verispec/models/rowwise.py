@@ -43,8 +43,8 @@ from verispec.models.loaders import cache_root
 log = logging.getLogger("verispec")
 
 KERNELS = Path(__file__).with_name("kernels")
-SOURCES = [KERNELS / "quant.cpp", KERNELS / "rowwise.cpp", KERNELS / "layer.cpp", KERNELS / "module.cpp"]  # longest first
-HEADERS = [KERNELS / "rowwise.h", KERNELS / "ops.h", KERNELS / "vec.h", KERNELS / "quant.h", KERNELS / "int8.h", KERNELS / "quant8.h", KERNELS / "tile8.h", KERNELS / "tile8_amx.h"]
+SOURCES = [KERNELS / "quant.cpp", KERNELS / "rowwise.cpp", KERNELS / "layer.cpp", KERNELS / "module.cpp", KERNELS / "suffix.cpp"]  # longest first
+HEADERS = [KERNELS / "rowwise.h", KERNELS / "ops.h", KERNELS / "vec.h", KERNELS / "quant.h", KERNELS / "int8.h", KERNELS / "quant8.h", KERNELS / "tile8.h", KERNELS / "tile8_amx.h", KERNELS / "suffix.h"]
 # no -march=native: a variant's library runs on any CPU with its instruction set, and no
 # -ffast-math; -ffp-contract=off: no fused multiply-add but the written ones
 COMMON_FLAGS = ["-fopenmp", "-ffp-contract=off", "-fno-fast-math"]
@@ -142,6 +142,12 @@ def kernel():
         else:
             _state["module"] = load_variant(variant, required=False)
     return _state["module"]
+
+
+def loaded_kernel():
+    """The compiled module where this process has loaded it already (a model on the row-wise
+    kernels did), else None: it never builds one (that takes a minute or two)."""
+    return _state.get("module")
 
 
 def use(variant: str | None) -> None:

@@ -26,6 +26,10 @@ Example: earlier responses "... the result is 42 . Done" (twice) and "... the re
 context tail "the result is": the 3-token level has 3 occurrences; "42" follows 2 of 3 (p = 0.67),
 then "." 2 of 2 (0.67), "Done" (0.67): the draft is "42 . Done", score 2.0, if min_token_prob < 0.67.
 
+Chains are searched in C++ (models/kernels/suffix.cpp) where this process has loaded the row-wise
+kernels (the torch backend does), else by the Python walk below: the same drafts (a test compares
+them), the Python one the reference and the trees' path.
+
 Deterministic: no draft probabilities (verification treats the draft as one-hot), and the same
 context and history give the same draft. Every verification is lossless whatever the draft. A
 seeded sampled request drafts from its own text only, so its tokens do not depend on what else the
@@ -48,6 +52,7 @@ import numpy as np
 
 from verispec.config import SpeculativeConfig as _DEFAULTS  # the options' defaults: one source of truth
 from verispec.errors import InvalidSpeculativeConfigError
+from verispec.models.rowwise import loaded_kernel
 from verispec.proposers.base import Draft, SequenceView, register
 
 log = logging.getLogger("verispec")
@@ -143,10 +148,16 @@ class TokenIndex:
         rank the caller already has; levels that cannot exceed it are not walked (a draft's rank
         is at most min(L, its depth): at each depth the path probabilities sum to 1 at most), so
         the best draft is found as without it wherever it ranks above `beat`."""
-        found = self._occurrences(tail, k, max_depth, exclude_from, one_token)
-        if found is None:
+        span = self._span(tail, k, exclude_from, one_token)
+        if span is None:
             return None
-        rows, lv = found
+        native = loaded_kernel() if not max_nodes else None
+        if native is not None:  # the same chain, searched in C++ (kernels/suffix.cpp)
+            depth = min(len(tail), max_depth)
+            got = native.suffix_best_chain(self.tokens, *span, tail[-depth:], k, self.live_from, max_spec_factor,
+                                           min_token_prob, beat, MAX_LEVELS)
+            return None if got is None else Candidate(*got)
+        rows, lv = self._gather(*span, tail, k, max_depth)
         best: Candidate | None = None
         best_rank = -1.0  # best.rank, computed once per candidate (Candidate.rank walks its nodes)
         for L in sorted(set(lv), reverse=True)[:MAX_LEVELS]:
@@ -160,12 +171,10 @@ class TokenIndex:
                 best, best_rank = c, rank
         return best
 
-    def _occurrences(self, tail: list[int], k: int, max_depth: int, exclude_from: int | None,
-                     one_token: bool = False) -> tuple[list[list[int]], list[int]] | None:
-        """The occurrences of the tail's last bigram (`one_token`: of its last token) (the most
-        recent MAX_CANDIDATES): what followed each ([n][k] tokens, END past a document) and how many
-        tokens of the tail each matched. A few occurrences (most drafts: SmolLM2's Spec-Bench) in
-        plain Python, more as numpy arrays: the same lists."""
+    def _span(self, tail: list[int], k: int, exclude_from: int | None, one_token: bool = False) -> tuple[array, int, int] | None:
+        """The occurrences of the tail's last bigram (`one_token`: of its last token) to consider:
+        (their positions, from, to), the most recent MAX_CANDIDATES live ones before
+        `exclude_from`; None where there are none."""
         if len(tail) < 2 or k < 1:
             return None
         if one_token:
@@ -177,8 +186,12 @@ class TokenIndex:
         lo = bisect_left(where, self.live_from + first)  # ascending: bisection finds the live ones before exclude_from
         hi = len(where) if exclude_from is None else bisect_left(where, exclude_from - 1)
         lo = max(lo, hi - MAX_CANDIDATES)
-        if lo >= hi:
-            return None
+        return None if lo >= hi else (where, lo, hi)
+
+    def _gather(self, where: array, lo: int, hi: int, tail: list[int], k: int, max_depth: int) -> tuple[list[list[int]], list[int]]:
+        """The occurrences where[lo:hi] (`_span`): what followed each ([n][k] tokens, END past a
+        document) and how many tokens of the tail each matched. A few occurrences (most drafts:
+        SmolLM2's Spec-Bench) in plain Python, more as numpy arrays: the same lists."""
         depth = min(len(tail), max_depth)
         if hi - lo <= FEW_OCCURRENCES:
             return self._few(where[lo:hi].tolist(), tail, k, depth)
@@ -191,7 +204,7 @@ class TokenIndex:
         return cont.tolist(), levels.tolist()
 
     def _few(self, positions: list[int], tail: list[int], k: int, depth: int) -> tuple[list[list[int]], list[int]]:
-        """_occurrences' lists for a few positions, token by token."""
+        """_gather's lists for a few positions, token by token."""
         toks, live_from = self.tokens, self.live_from
         rows, levels = [], []
         for p in positions:

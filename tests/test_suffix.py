@@ -285,10 +285,11 @@ def test_few_occurrences_gathered_in_python_as_many_are_with_numpy(monkeypatch):
             assert ix._gather(*span, tail, k, max_depth) == python, (trial, k)
 
 
-def test_chains_searched_in_cpp_are_the_python_walks(monkeypatch):
-    """kernels/suffix.cpp finds the chain TokenIndex.best's Python walk finds: the same tokens, path
-    probabilities to the bit and match length, on random indices (evicted positions, open
-    documents, one-token levels, ranks to beat, short and long spec factors)."""
+def test_drafts_searched_in_cpp_are_the_python_ones(monkeypatch):
+    """kernels/suffix.cpp finds the chain or tree TokenIndex.best's Python walk and growth find: the
+    same tokens, path probabilities to the bit, parents and match length, on random indices
+    (evicted positions, open documents, one-token levels, ranks to beat, short and long spec
+    factors, trees of 1 to 16 nodes)."""
     import random
 
     import verispec.proposers.suffix as suffix
@@ -296,8 +297,8 @@ def test_chains_searched_in_cpp_are_the_python_walks(monkeypatch):
 
     native = rowwise.load_variant(rowwise.chosen_variant())
     rng = random.Random(7)
-    drafted = 0
-    for trial in range(300):
+    drafted = trees = 0
+    for trial in range(400):
         vocab = rng.choice((2, 3, 6, 20))
         ix = index_of(*[[rng.randrange(vocab) for _ in range(rng.randrange(3, 80))] for _ in range(rng.randrange(1, 10))])
         ix.extend([rng.randrange(vocab) for _ in range(rng.randrange(0, 20))])
@@ -306,7 +307,8 @@ def test_chains_searched_in_cpp_are_the_python_walks(monkeypatch):
         tail = [rng.randrange(vocab) for _ in range(rng.randrange(2, 30))]
         args = dict(k=rng.choice((1, 3, 8)), max_depth=rng.choice((2, 5, 24)), max_spec_factor=rng.choice((0.5, 1.0, 2.0, 3.3)),
                     min_token_prob=rng.choice((0.0, 0.1, 0.3)), exclude_from=rng.choice((None, len(ix.tokens) - 1)),
-                    one_token=rng.random() < 0.3, beat=rng.choice((-1.0, -1.0, 0.5, 1.5)))
+                    one_token=rng.random() < 0.3, beat=rng.choice((-1.0, -1.0, 0.5, 1.5)),
+                    max_nodes=rng.choice((0, 0, 1, 4, 16)))
         monkeypatch.setattr(suffix, "loaded_kernel", lambda: None)
         python = ix.best(tail, **args)
         monkeypatch.setattr(suffix, "loaded_kernel", lambda: native)
@@ -315,8 +317,10 @@ def test_chains_searched_in_cpp_are_the_python_walks(monkeypatch):
             assert cpp is None, (trial, args)
             continue
         drafted += 1
-        assert (cpp.tokens, cpp.probs, cpp.match_len) == (python.tokens, python.probs, python.match_len), (trial, args)
-    assert drafted > 100  # most trials draft: the comparison covers the walk, not only "no draft"
+        assert (cpp.tokens, cpp.probs, cpp.parents, cpp.match_len) == \
+            (python.tokens, python.probs, python.parents, python.match_len), (trial, args)
+        trees += python.parents is not None and len(set(python.parents)) < len(python.parents)  # a node with two children
+    assert drafted > 100 and trees > 20  # most trials draft: the comparison covers the walk, not only "no draft"
 
 
 def test_kinds_from_earlier_responses_share_one_estimate_across_requests(tiny_dir):

@@ -26,9 +26,9 @@ Example: earlier responses "... the result is 42 . Done" (twice) and "... the re
 context tail "the result is": the 3-token level has 3 occurrences; "42" follows 2 of 3 (p = 0.67),
 then "." 2 of 2 (0.67), "Done" (0.67): the draft is "42 . Done", score 2.0, if min_token_prob < 0.67.
 
-Chains are searched in C++ (models/kernels/suffix.cpp) where this process has loaded the row-wise
-kernels (the torch backend does), else by the Python walk below: the same drafts (a test compares
-them), the Python one the reference and the trees' path.
+Drafts are searched in C++ (models/kernels/suffix.cpp) where this process has loaded the row-wise
+kernels (the torch backend does), else by the Python walk and tree growth below: the same drafts
+(a test compares them), the Python ones the reference.
 
 Deterministic: no draft probabilities (verification treats the draft as one-hot), and the same
 context and history give the same draft. Every verification is lossless whatever the draft. A
@@ -151,11 +151,11 @@ class TokenIndex:
         span = self._span(tail, k, exclude_from, one_token)
         if span is None:
             return None
-        native = loaded_kernel() if not max_nodes else None
-        if native is not None:  # the same chain, searched in C++ (kernels/suffix.cpp)
+        native = loaded_kernel()
+        if native is not None:  # the same draft, searched in C++ (kernels/suffix.cpp)
             depth = min(len(tail), max_depth)
-            got = native.suffix_best_chain(self.tokens, *span, tail[-depth:], k, self.live_from, max_spec_factor,
-                                           min_token_prob, beat, MAX_LEVELS)
+            got = native.suffix_best(self.tokens, *span, tail[-depth:], k, self.live_from, max_spec_factor,
+                                     min_token_prob, beat, MAX_LEVELS, max_nodes)
             return None if got is None else Candidate(*got)
         rows, lv = self._gather(*span, tail, k, max_depth)
         best: Candidate | None = None

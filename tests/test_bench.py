@@ -50,13 +50,13 @@ def test_bench_runs_every_method_and_writes_the_report(tiny_dir, questions, tmp_
     multi = [r for r in data["records"] if r["subtask"] == "multi_turn" and r["method"] == "plain"][0]
     assert multi["new_tokens"] > 12  # both turns were generated
     report = (out / "report.md").read_text()
-    assert report.startswith(f"# questions from {questions.name}: ")  # the title names the question set read
+    assert report.startswith(f"# Questions from {questions.name}: ")  # the title names the question set read
     for sub in SUBTASKS:
         assert sub in report
     assert "| plain |" in report and "overall speedup" in report and " / hf: " in report and " / hf_prompt_lookup: " in report
     for png in ("speedup.png", "acceptance.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert f"# questions from {questions.name}: " in capsys.readouterr().out  # the report, printed
+    assert f"# Questions from {questions.name}: " in capsys.readouterr().out  # the report, printed
 
 
 def test_profile_measures_the_cost_curve(tiny_dir, tmp_path, capsys):

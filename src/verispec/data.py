@@ -88,8 +88,8 @@ def question_set_name(source: str | None) -> str:
     """What `questions(source)` reads, for titles: "Spec-Bench" (its default), the project's own
     prompts, its repetitive workload, held-out ShareGPT conversations, or a file's name."""
     names = {None: "Spec-Bench", "spec_bench": "Spec-Bench", "builtin": "verispec's own prompts",
-             "repetitive": "the repetitive workload", "sharegpt_heldout": "held-out ShareGPT conversations"}
-    return names.get(source) or f"questions from {Path(source).name}"
+             "repetitive": "The repetitive workload", "sharegpt_heldout": "Held-out ShareGPT conversations"}
+    return names.get(source) or f"Questions from {Path(source).name}"
 
 
 def subtask(question: dict) -> str:

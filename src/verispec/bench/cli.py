@@ -117,7 +117,7 @@ def _write_summary(results: list, out: Path) -> None:
     from verispec.bench.report import backends_table, summarize
     from verispec.data import question_set_name
 
-    title = question_set_name(results[0].config.questions) if results else "Spec-Bench"
+    title = question_set_name(results[0].config.questions)  # every model ran the same questions
     lines = [f"# {title}: plain decoding and the best speculative method per backend, every model", ""]
     for result in results:
         cfg = result.config

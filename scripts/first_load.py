@@ -24,9 +24,9 @@ def rss(field):
     for line in open("/proc/self/status"):
         if line.startswith(field):
             return int(line.split()[1]) / 1024
-from verispec.engine.backends import RunnerConfig, build_runner
-from verispec.models import rowwise
-from verispec.models.registry import resolve
+from verispec.runners.registry import RunnerConfig, build_runner
+from verispec.models.kernels import rowwise
+from verispec.models.weights.registry import resolve
 rowwise.kernel()
 model = sys.argv[1]
 path = resolve(model)
@@ -46,7 +46,7 @@ print(f"{model}: reading the file {read_s:.2f} s; first load (empty cache) {firs
 
 
 def main() -> int:
-    from verispec.models.loaders import cache_root
+    from verispec.models.cache import cache_root
 
     home = cache_root()
     for model in sys.argv[1:] or ["smollm2-135m", "gemma3-270m"]:

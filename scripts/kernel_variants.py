@@ -16,8 +16,8 @@ import sys
 import torch
 
 from verispec import LLM
-from verispec.engine.costs import time_forwards
-from verispec.models import rowwise
+from verispec.runners.costs import time_forwards
+from verispec.models.kernels import rowwise
 
 
 def main() -> int:

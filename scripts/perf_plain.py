@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from verispec import LLM, SamplingParams
 from verispec.bench.profile import linear_floor_ms
 from verispec.data import find_spec_bench, load_questions
-from verispec.models.registry import resolve
+from verispec.models.weights.registry import resolve
 
 
 def hf_model(name: str):

@@ -27,7 +27,7 @@ import torch
 
 def documents(tokenizer, count: int, max_tokens: int) -> list[tuple[list[int], int]]:
     """(token ids, index where the answer starts) of held-out conversations' first exchange."""
-    from verispec.train.data import SHAREGPT_TRAIN_END, conversations, first_exchange
+    from verispec.conversations import SHAREGPT_TRAIN_END, conversations, first_exchange
 
     out = []
     for _, messages in conversations("sharegpt", SHAREGPT_TRAIN_END, None):
@@ -68,8 +68,8 @@ def main() -> int:
     from verispec import LLM, SamplingParams
     from verispec.bench.report import print_and_save
     from verispec.data import sharegpt_heldout
-    from verispec.engine.backends import RunnerConfig, build_runner
-    from verispec.models.rowwise import cpu_name, kernel
+    from verispec.runners.registry import RunnerConfig, build_runner
+    from verispec.models.kernels.rowwise import cpu_name, kernel
 
     kernel()
     lines = [f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {cpu_name()} (kernel variant {kernel().variant()}). Command: "

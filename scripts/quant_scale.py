@@ -32,8 +32,8 @@ def rss(field="VmRSS"):
             if line.startswith(field):
                 return int(line.split()[1]) / 1024
 import torch
-from verispec.engine.backends import RunnerConfig, build_runner
-from verispec.models import rowwise
+from verispec.runners.registry import RunnerConfig, build_runner
+from verispec.models.kernels import rowwise
 rowwise.kernel()
 model, backend, fmt = sys.argv[1], sys.argv[2], sys.argv[3] or None
 base = rss()
@@ -80,8 +80,8 @@ def main() -> int:
     args = ap.parse_args()
     from verispec.bench.profile import measure_bandwidth
     from verispec.bench.report import print_and_save
-    from verispec.models.registry import resolve
-    from verispec.models.rowwise import cpu_name
+    from verispec.models.weights.registry import resolve
+    from verispec.models.kernels.rowwise import cpu_name
 
     bandwidth = measure_bandwidth()
     lines = [f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {cpu_name()}, {os.cpu_count()} cores; memory read bandwidth "
@@ -89,7 +89,7 @@ def main() -> int:
              "",
              "| model | file MiB | backend | load s | RSS after load MiB | peak RSS MiB | 1 row ms | floor ms | 1 row / floor | 4 rows ms | decode tok/s |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    from verispec.models.loaders import gguf_meta
+    from verispec.models.weights.loaders import gguf_meta
 
     for model in args.models:
         path = resolve(model)

@@ -1,4 +1,4 @@
-"""Memory of suffix decoding's store of earlier responses (proposers/suffix.py) after N requests.
+"""Memory of suffix decoding's store of earlier responses (proposers/suffix/) after N requests.
 
 Feeds N responses through SuffixProposer.begin/end, as an engine does when requests finish, and
 reports the store's size (tracemalloc: every byte Python allocated for it) against the bound of
@@ -47,7 +47,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from verispec.config import SamplingParams
-    from verispec.models.registry import load_model
+    from verispec.models.weights.registry import load_model
     from verispec.proposers.base import SequenceView
     from verispec.proposers.suffix import SuffixProposer
 

@@ -8,7 +8,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # tiny_models
 
 from tiny_models import make_hf_model  # noqa: E402
 
-from verispec.models import rowwise  # noqa: E402
+from verispec.models.kernels import rowwise  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from verispec import LLM
-from verispec.engine.costs import backend_cost, invariant_cost, kernel_cost
-from verispec.engine.runner import BatchItem
-from verispec.models import rowwise
-from verispec.models.transformer import Segment, Transformer, invariant_chunks, probe_invariant_width
+from verispec.runners.torch_runner import invariant_cost, kernel_cost
+from verispec.runners.base import BatchItem
+from verispec.models.kernels import rowwise
+from verispec.models.decoder.transformer import Segment, Transformer, invariant_chunks, probe_invariant_width
 
 
 def test_invariant_chunks():
@@ -89,10 +89,10 @@ def test_the_check_fails_when_rows_round_with_their_neighbours(tiny_dir, monkeyp
     products of several rows accumulated in float64 (a stand-in for a BLAS whose multi-row kernel
     rounds otherwise; whether MKL itself does depends on the CPU), so a verified row's logits
     differ from its one-row decode by construction."""
-    import verispec.models.transformer as tr
+    import verispec.models.decoder.transformer as tr
 
     monkeypatch.setitem(rowwise._state, "module", None)
-    real = tr._project
+    real = tr.project
 
     def other_rounding(x, w, bias=None):
         if x.dim() == 2 and x.shape[0] > 1:
@@ -100,7 +100,7 @@ def test_the_check_fails_when_rows_round_with_their_neighbours(tiny_dir, monkeyp
             return y + bias if bias is not None else y
         return real(x, w, bias)
 
-    monkeypatch.setattr(tr, "_project", other_rounding)
+    monkeypatch.setattr(tr, "project", other_rounding)
     monkeypatch.setattr(tr.F, "linear", lambda x, w, b=None: other_rounding(x.reshape(-1, x.shape[-1]), w, b).reshape(*x.shape[:-1], -1))
     runner = LLM(str(tiny_dir("llama", seed=0)), batch_invariant=False).runner
     g = torch.Generator().manual_seed(0)
@@ -118,8 +118,8 @@ def test_cost_curve_follows_the_mode(tiny_dir, products):
     mkl_width = LLM(path).runner.model.invariant_width if products == "mkl" else None
     expected = kernel_cost if products != "mkl" else invariant_cost if mkl_width == 3 else None
     if expected is not None:
-        assert backend_cost(LLM(path).runner) is expected
-    assert backend_cost(LLM(path, batch_invariant=False).runner) not in (invariant_cost, kernel_cost)
+        assert LLM(path).runner.builtin_cost() is expected
+    assert LLM(path, batch_invariant=False).runner.builtin_cost() not in (invariant_cost, kernel_cost)
     assert kernel_cost(1) == 1.0 and kernel_cost(9) - kernel_cost(8) > 2 * (kernel_cost(8) - kernel_cost(7))  # a 2nd pass over the weights
     assert invariant_cost(1) == 1.0 and invariant_cost(2) == pytest.approx(1.1)
     assert invariant_cost(5) == pytest.approx(1.55 + 1.1)  # products of 3 and 2 rows
@@ -148,26 +148,26 @@ def test_many_rows_on_more_threads_stay_bit_identical(fast_products):
 
 
 def test_probe_finds_the_invariant_width():
-    import verispec.models.transformer as tr
+    import verispec.models.decoder.transformer as tr
 
     w = torch.randn(700, 96)
     width = probe_invariant_width([w])
     assert 1 <= width <= 3
     x = torch.randn(width, 96)  # products of that width really give each row its one-row bits
-    assert torch.equal(tr._project(x, w), torch.cat([tr._project(x[r : r + 1], w) for r in range(width)]))
+    assert torch.equal(tr.project(x, w), torch.cat([tr.project(x[r : r + 1], w) for r in range(width)]))
     assert probe_invariant_width([w], max_width=1) == 1
     assert [invariant_chunks(n, 2) for n in (1, 4, 5)] == [[1], [2, 2], [2, 2, 1]]
     assert invariant_chunks(3, 1) == [1, 1, 1]
 
 
 def test_probe_narrows_when_wider_products_round_otherwise(monkeypatch):
-    import verispec.models.transformer as tr
+    import verispec.models.decoder.transformer as tr
 
-    real = tr._project
+    real = tr.project
 
     def drifting(x, w, bias=None):  # a stand-in MKL whose 3-row products round otherwise
         y = real(x, w, bias)
         return y * (1 + 1e-6) if x.shape[0] == 3 else y
 
-    monkeypatch.setattr(tr, "_project", drifting)
+    monkeypatch.setattr(tr, "project", drifting)
     assert tr.probe_invariant_width([torch.randn(300, 64)]) == 2

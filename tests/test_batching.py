@@ -7,7 +7,7 @@ import torch
 
 from verispec import LLM, SamplingParams
 from verispec.engine.policy import PROBE_RATE, AcceptanceEstimate, SpeculationPolicy, expected_tokens
-from verispec.engine.runner import BatchItem
+from verispec.runners.base import BatchItem
 from verispec.engine.scheduler import Scheduler
 from verispec.errors import QueueFullError
 

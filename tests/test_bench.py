@@ -69,7 +69,7 @@ def test_profile_measures_the_cost_curve(tiny_dir, tmp_path, capsys):
     assert profile.bandwidth_gbs > 0 and profile.weight_bytes > 0 and profile.linear_floor_ms > 0
     assert 0 < profile.linear_floor_ms < profile.forward_best_ms  # the linear layers are part of the forward
     assert 0 < profile.bound_ms < profile.cost(1, 128)  # nothing beats reading the weights once
-    from verispec.models.registry import load_model
+    from verispec.models.weights.registry import load_model
 
     c = load_model(str(tiny_dir("llama"))).config  # float32 keys and values of every layer, 512 positions
     assert profile.kv_bytes_512 == c.num_layers * c.num_kv_heads * c.head_dim * 2 * 512 * 4
@@ -80,7 +80,7 @@ def test_profile_measures_the_cost_curve(tiny_dir, tmp_path, capsys):
     assert f"{profile.forward_best_ms:.1f} / {profile.bound_kv_ms:.1f} = " in printed
     # the engine reads it back to choose k
     from verispec import LLM
-    from verispec.engine.costs import default_cost
+    from verispec.runners.costs import default_cost
 
     llm = LLM(str(tiny_dir("llama")), speculative={"method": "prompt_lookup", "cost_profile": str(out / "cost_profile-torch.json")})
     cost = llm.decoder.policy.cost
@@ -160,7 +160,7 @@ def test_a_peer_that_does_not_answer_in_time_is_killed_and_failed(tiny_dir, monk
 def test_kv_bytes_read_counts_a_sliding_layer_up_to_its_window():
     from types import SimpleNamespace
 
-    from verispec.engine.costs import kv_bytes_read
+    from verispec.runners.costs import kv_bytes_read
     from verispec.models.config import FULL, SLIDING
 
     c = SimpleNamespace(layer_types=(SLIDING, FULL, SLIDING), sliding_window=100, num_kv_heads=2, head_dim=8)

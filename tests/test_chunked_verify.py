@@ -6,26 +6,21 @@ import torch
 
 from verispec import LLM, SamplingParams
 from verispec.engine.policy import SpeculationPolicy
-from verispec.engine.speculative import SpeculativeDecoder
-from verispec.models.transformer import invariant_chunks
-from verispec.proposers.base import Draft
+from verispec.engine.decoder import SpeculativeDecoder
+from verispec.models.decoder.transformer import invariant_chunks
+from verispec.proposers.base import Draft, Proposer
 
 
-class FixedDrafter:
+class FixedDrafter(Proposer):
     """Drafts that the target rejects at once (a token it never predicts) or, with `oracle` (the
     target's plain greedy output), its own continuation (every draft accepted)."""
-
-    relative_cost = 0.0
 
     def __init__(self, oracle_tokens: list[int] | None = None, bad: int = 5) -> None:
         self.oracle = oracle_tokens
         self.bad = bad
 
-    def begin(self, seq) -> None: ...
-    def accept(self, seq, num_accepted) -> None: ...
-    def end(self, seq) -> None: ...
-
-    def propose(self, seq, k):
+    def propose(self, seq, budget):
+        k = budget.pays("")
         if self.oracle is None:
             return Draft(tokens=[self.bad] * k)
         done = len(seq.tokens) - seq.num_prompt_tokens

@@ -1,13 +1,13 @@
 """Cost curves the speculation policy weighs drafts against: built-in, timed at start-up, from a profile."""
 
-from types import SimpleNamespace
 
 import pytest
 
 from verispec import LLM, SamplingParams
 from verispec.config import SpeculativeConfig
 from verispec.engine.assembly import build_policy
-from verispec.engine.costs import LLAMACPP_POINTS, backend_cost, default_cost, interpolated, llamacpp_cost, measured_cost, monotone
+from verispec.runners.costs import default_cost, interpolated, measured_cost, monotone
+from verispec.runners.llamacpp import LLAMACPP_POINTS, llamacpp_cost
 from verispec.errors import ConfigError
 
 
@@ -19,9 +19,7 @@ def test_interpolated_curve_passes_through_its_points_and_extends_its_last_slope
 
 
 def test_backend_curves_and_llamacpp_decodes_split_at_invariant_rows():
-    assert backend_cost(SimpleNamespace(backend="torch")) is default_cost  # a runner with no curve of its own
-    assert backend_cost(None) is default_cost
-    assert backend_cost(SimpleNamespace(builtin_cost=lambda: llamacpp_cost(32)))(8) == pytest.approx(3.8)
+    assert llamacpp_cost(32)(8) == pytest.approx(3.8)
     llamacpp = llamacpp_cost(32)
     assert [llamacpp(n) for n, _ in LLAMACPP_POINTS] == pytest.approx([c for _, c in LLAMACPP_POINTS])
     assert llamacpp(5) > default_cost(5)  # llama.cpp's verification is steeper here than torch's
@@ -61,6 +59,12 @@ class CountingRunner:
 
     def truncate(self, seq, length):
         self.length = length
+
+    def builtin_cost(self):
+        return default_cost
+
+    def verify_chunks(self, n):
+        return [n]
 
 
 def test_auto_times_every_draft_length_it_may_choose_and_cleans_up():
@@ -103,8 +107,8 @@ def test_plain_decoding_times_nothing_and_bad_profiles_are_config_errors(tiny_di
 def test_measured_curve_is_timed_once_per_machine_and_model_then_read(tiny_dir, tmp_path, monkeypatch):
     """The default cost_profile "measured": the first engine times the curve, later ones (another
     process, another day) read it from the cache; another kernel variant or model is timed apart."""
-    from verispec.engine import costs
-    from verispec.models import rowwise
+    from verispec.runners import costs
+    from verispec.models.kernels import rowwise
 
     monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
     timed = []
@@ -131,7 +135,7 @@ def test_memo_files_keep_only_their_newest_entries(tmp_path, monkeypatch):
     over temporary models do not grow it without bound; an evicted key is computed again."""
     import json
 
-    from verispec.models import loaders
+    from verispec.models import cache as loaders
 
     monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
     monkeypatch.setattr(loaders, "MEMO_ENTRIES", 3)

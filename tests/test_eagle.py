@@ -9,9 +9,11 @@ import pytest
 import torch
 from tiny_models import write_eagle3_head
 
+from verispec.proposers.base import Budget
+from verispec.runners.base import RunnerCapabilities
 from verispec import LLM, SamplingParams
 from verispec.errors import IncompatibleDraftError
-from verispec.models.eagle_io import load_head
+from verispec.models.heads.eagle_io import load_head
 
 LAYERS = 6  # default fused layers (2, L // 2, L - 3) = (2, 3, 3)
 
@@ -101,7 +103,7 @@ def test_eagle3_tree_is_best_first_with_path_probabilities(tiny_dir, heads):
                         params=SamplingParams(temperature=0.0), generator=None, capacity=64)
     view.states.append(out.aux)
     proposer.begin(view)
-    tree = proposer.propose_tree(view, 3, 16)
+    tree = proposer.propose(view, Budget(3, 16, lambda kind: 3))
     runner.close(seq)
     levels = len(tree) // 2  # each level: the main chain's node and its runner-up
     assert 1 <= levels <= 3 and len(tree) == 2 * levels and tree.probs is None
@@ -120,8 +122,8 @@ def test_kernel_products_give_the_heads_float32_products(tiny_dir, heads, tmp_pa
     """A drafting step through the row-wise kernels (q/k/v and gate/up fused, weights as stored)
     gives the logits torch's float32 products give; a float16 or bfloat16 checkpoint is multiplied
     in those bytes (half the memory read: the same values), a float32 one in float32."""
-    from verispec.models import rowwise
-    from verispec.models.eagle import EagleHead
+    from verispec.models.kernels import rowwise
+    from verispec.models.heads.eagle import EagleHead
 
     if rowwise.kernel() is None:
         pytest.skip("no row-wise kernel on this machine")
@@ -149,7 +151,7 @@ def test_kernel_products_give_the_heads_float32_products(tiny_dir, heads, tmp_pa
 def test_first_draft_is_the_head_over_the_targets_states(tiny_dir, heads):
     """The drafter pairs each target state with the next token (state p, token p + 1): its first
     draft equals the head run by hand over a fresh forward's states."""
-    from verispec.models.eagle import EagleHead
+    from verispec.models.heads.eagle import EagleHead
 
     target = tiny_dir("llama", seed=0, layers=LAYERS)
     llm = LLM(str(target), speculative={"method": "eagle3", "draft_model": str(heads["published"]),
@@ -160,7 +162,7 @@ def test_first_draft_is_the_head_over_the_targets_states(tiny_dir, heads):
     for _ in range(2):  # a verification step in between, so later states arrive through verify
         dec.step(req)
     tokens = list(req.view.tokens)
-    draft = dec.proposer.propose(req.view, 3)
+    draft = dec.proposer.propose(req.view, Budget.chain(3))
     dec.finish(req)
 
     runner = llm.runner
@@ -203,7 +205,7 @@ def test_mismatched_heads_and_backends_are_refused(tiny_dir, heads, tmp_path):
 
     class NoStates:  # a backend that returns logits only (llama.cpp's)
         backend = "llamacpp"
-        returns_aux = False
+        capabilities = RunnerCapabilities()
 
     with pytest.raises(IncompatibleDraftError, match="backend torch"):
         EagleProposer.create(SpeculativeConfig(method="eagle3", draft_model=str(heads["published"])), NoStates())
@@ -290,7 +292,7 @@ def test_sharegpt_held_out_records_are_refused(tmp_path):
 def _tiny_head_config(draft_vocab: int):
     """A 16-wide EAGLE-3 head over a 40-token target vocabulary: the training tests' shape."""
     from verispec.models.config import RopeConfig
-    from verispec.models.eagle import HeadConfig
+    from verispec.models.heads.eagle import HeadConfig
 
     return HeadConfig(kind="eagle3", hidden_size=16, num_heads=2, num_kv_heads=1, head_dim=8, intermediate_size=32,
                       rms_eps=1e-6, rope=RopeConfig(10000.0), vocab_size=40, draft_vocab_size=draft_vocab, target_hidden_size=16)

@@ -1,4 +1,4 @@
-"""verispec.models.gguf_file against gguf-py's reader (the reference) on files the project writes,
+"""verispec.models.weights.gguf_file against gguf-py's reader (the reference) on files the project writes,
 and its errors on files that are cut short or not GGUF. (The bundled models' files are compared in
 test_gguf_tokenizer.py, where gguf-py's reader is built once for transformers anyway.)"""
 
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from verispec.errors import UnsupportedModelError
-from verispec.models.gguf_file import GGUFFile
-from verispec.models.loaders import gguf_dequantize
-from verispec.models.synth import SIZES, write
+from verispec.models.weights.gguf_file import GGUFFile
+from verispec.models.weights.loaders import gguf_dequantize
+from verispec.models.weights.synth import SIZES, write
 
 
 def _same_as_gguf_py(path) -> GGUFFile:
@@ -139,7 +139,7 @@ def test_pages_read_into_a_copy_leave_the_process(tmp_path):
     no longer count in the process's memory; the bytes read back are still the file's."""
     import mmap
 
-    from verispec.models.loaders import _forget_pages
+    from verispec.models.weights.loaders import _forget_pages
 
     path = tmp_path / "blob.bin"
     data = np.random.default_rng(0).integers(0, 256, 64 * mmap.PAGESIZE + 123, dtype=np.uint8)

@@ -1,4 +1,4 @@
-"""verispec.models.gguf_tokenizer against transformers' GGUF tokenizer (the reference).
+"""verispec.models.tokenizers.gguf against transformers' GGUF tokenizer (the reference).
 
 The real-file tests use SmolLM2-135M-Instruct (byte-level BPE, pre "smollm") and Gemma 3 270M
 (SentencePiece BPE); each is skipped when its file is not installed. Each reference tokenizer is
@@ -19,8 +19,8 @@ gguf = pytest.importorskip("gguf")
 from tokenizers import Tokenizer  # noqa: E402
 
 from verispec.errors import UnsupportedModelError  # noqa: E402
-from verispec.models.gguf_file import GGUFFile  # noqa: E402
-from verispec.models.gguf_tokenizer import GGUFTokenizerInfo, tokenizer_from_gguf  # noqa: E402
+from verispec.models.weights.gguf_file import GGUFFile  # noqa: E402
+from verispec.models.tokenizers.gguf import GGUFTokenizerInfo, tokenizer_from_gguf  # noqa: E402
 
 
 def _smollm2_path() -> Path | None:
@@ -167,8 +167,8 @@ def test_decode_matches_transformers_and_round_trips(model):
 def test_the_engines_tokenizer_matches_transformers(model):
     """What the engine loads (`compact_tokenizer_from_gguf`: the compact SentencePiece tokenizer for
     Gemma, this module's pipeline for SmolLM2) against transformers, ids and text."""
-    from verispec.models.gguf_tokenizer import compact_tokenizer_from_gguf
-    from verispec.models.spm_tokenizer import SpmTokenizer
+    from verispec.models.tokenizers.gguf import compact_tokenizer_from_gguf
+    from verispec.models.tokenizers.spm import SpmTokenizer
 
     name, ours, info, reference, _, _, gf = model
     engine, engine_info = compact_tokenizer_from_gguf(gf.metadata)
@@ -219,8 +219,8 @@ def test_vocabulary_and_special_tokens(model):
 def test_serialised_tokenizer_behaves_the_same(model):
     name, ours, _, _, _, _, _ = model
     again = Tokenizer.from_str(ours.to_str())
-    # the cache's form (models/tokenizer.py): merges as "left right" strings, which parse faster
-    from verispec.models.tokenizer import _with_string_merges
+    # the cache's form (models/tokenizers/tokenizer.py): merges as "left right" strings, which parse faster
+    from verispec.models.tokenizers.tokenizer import _with_string_merges
 
     cached = _with_string_merges(ours.to_str())
     assert isinstance(json.loads(cached)["model"]["merges"][0], str)
@@ -281,7 +281,7 @@ def test_missing_tokenizer_raises():
 
 
 def _byte_alphabet() -> list[str]:
-    from verispec.models.gguf_tokenizer import _bytes_to_unicode
+    from verispec.models.tokenizers.gguf import _bytes_to_unicode
 
     return sorted(set(_bytes_to_unicode().values()))
 
@@ -354,7 +354,7 @@ def test_module_does_not_import_transformers():
     """Static check (the test process itself has transformers loaded by the reference fixture)."""
     import ast
 
-    import verispec.models.gguf_tokenizer as module
+    import verispec.models.tokenizers.gguf as module
 
     tree = ast.parse(Path(module.__file__).read_text(encoding="utf-8"))
     imported = set()
@@ -375,7 +375,7 @@ def test_module_does_not_import_transformers():
 def test_long_texts_encode_the_same_through_the_gil_free_path(model):
     """Tokenizer.encode sends texts over LONG_TEXT characters through encode_batch (it releases the
     GIL); the ids are the short path's."""
-    from verispec.models.tokenizer import LONG_TEXT, Tokenizer
+    from verispec.models.tokenizers.tokenizer import LONG_TEXT, Tokenizer
 
     name, ours, info, _, _, _, _ = model
     text = " ".join(MODELS[name]["texts"]) * (LONG_TEXT // 200 + 1)
@@ -387,7 +387,7 @@ def test_long_texts_encode_the_same_through_the_gil_free_path(model):
 def test_string_merges_rewrite_keeps_the_tokenizer():
     """The cache's merges rewrite: pairs -> "left right" strings (escapes kept), and the text left
     as it is where a piece holds a space or the merges are not pairs."""
-    from verispec.models.tokenizer import _with_string_merges
+    from verispec.models.tokenizers.tokenizer import _with_string_merges
 
     vocab = {"a": 0, "b": 1, "\n": 2, '"': 3, "ab": 4, "\n\n": 5, 'a"': 6, "ab\n\n": 7}
     merges = [("a", "b"), ("\n", "\n"), ("a", '"'), ("ab", "\n\n")]

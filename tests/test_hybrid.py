@@ -87,13 +87,14 @@ def test_suffix_drafts_are_sized_by_their_path_probabilities_the_models_by_its_r
     }
     for source, rate in (("suffix", 8), ("model", 8), ("model", 0)):
         req = dec.start([1] + [30, 31, 32, 33, 34, 35] * 4, params)
-        monkeypatch.setattr(hybrid, "propose", lambda seq, k, d=drafts[source]: d)
+        budgets = []
+        monkeypatch.setattr(hybrid, "propose", lambda seq, budget, d=drafts[source]: budgets.append(budget) or d)
         for _ in range(6):  # each kind's rate: all 8 accepted (or none)
-            dec._estimate(req, drafts[source].kind).observe(8, rate)
+            req.estimates[drafts[source].kind].observe(8, rate)
         got = dec._propose(req, 1)
         if source == "suffix":
             assert len(got) == 2  # its doubtful tail cut, whatever its kind's rate
         else:  # the first k of the model's draft, k from its kind's rate: several, or none (a probe's one at most)
             assert got.tokens == drafts["model"].tokens[: len(got)] and got.node_probs is None
-            assert len(got) == req.view.k_for("model") and (len(got) > 1) == (rate > 0), (len(got), rate)
+            assert len(got) == budgets[-1].pays("model") and (len(got) > 1) == (rate > 0), (len(got), rate)
         dec.finish(req)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from verispec import LLM
-from verispec.engine.runner import BatchItem
-from verispec.models import rowwise
+from verispec.runners.base import BatchItem
+from verispec.models.kernels import rowwise
 
 SUPPORTED = rowwise.supported_variants()
 
@@ -64,7 +64,7 @@ def test_build_key_follows_variant_and_environment(monkeypatch):
     keys = {v: rowwise.build_key(v) for v in rowwise.VARIANTS}
     assert len(set(keys.values())) == len(keys)
     assert rowwise.build_key("avx2") == keys["avx2"]  # stable: a second process finds the same build
-    monkeypatch.setattr(rowwise.sys, "prefix", "/another/venv")
+    monkeypatch.setattr(rowwise.build.sys, "prefix", "/another/venv")
     assert rowwise.build_key("avx2") != keys["avx2"]  # another environment builds its own
 
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from verispec.models.kv_cache import KVCache
+from verispec.models.decoder.kv_cache import KVCache
 
 
 def make(capacity=10):

@@ -18,8 +18,8 @@ from scipy.stats import chisquare
 
 from verispec import LLM, SamplingParams
 from verispec.config import SpeculativeConfig
-from verispec.engine.runner import BatchItem
-from verispec.engine.speculative import SpeculativeDecoder
+from verispec.runners.base import BatchItem
+from verispec.engine.decoder import SpeculativeDecoder
 from verispec.proposers.base import create_proposer
 from verispec.sampling.processors import logits_to_probs
 
@@ -39,8 +39,8 @@ def target():
 
 @pytest.fixture(scope="module")
 def q8_path():
-    from verispec.engine.llamacpp_runner import convert_weights
-    from verispec.models.registry import resolve
+    from verispec.runners.llamacpp import convert_weights
+    from verispec.models.weights.registry import resolve
 
     return str(convert_weights(resolve("smollm2-135m"), "Q8_0"))
 
@@ -268,8 +268,8 @@ def test_models_load_without_extra_buffer_types(target, monkeypatch):
     import llama_cpp.llama_cpp as low
 
     from verispec.bench.methods import LlamaCppMethod
-    from verispec.engine.llamacpp_runner import LlamaCppRunner
-    from verispec.models.registry import resolve
+    from verispec.runners.llamacpp import LlamaCppRunner
+    from verispec.models.weights.registry import resolve
 
     assert llama_cpp.llama_model_default_params().use_extra_bufts  # llama.cpp's default, what we turn off
     seen = []
@@ -303,7 +303,7 @@ def test_llamacpp_peer_runs_in_a_child_and_its_crash_is_contained(target, monkey
 
     from verispec.bench.methods import LlamaCppMethod
     from verispec.bench.peers import CRASH_ENV, IsolatedPeer, PeerFailed
-    from verispec.models.registry import resolve
+    from verispec.models.weights.registry import resolve
 
     eos = list(target.runner.eos_token_ids)
     ids = target.tokenizer.encode_chat([{"role": "user", "content": PROMPTS[1]}])

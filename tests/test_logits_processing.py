@@ -13,7 +13,7 @@ from scipy.stats import chisquare
 from verispec import LLM, SamplingParams
 from verispec.config import StructuredOutputsParams
 from verispec.engine.logits import LogitsProcessor
-from verispec.engine.speculative import SpeculativeDecoder
+from verispec.engine.decoder import SpeculativeDecoder
 from verispec.errors import InvalidGrammarError, InvalidSamplingParamsError
 from verispec.sampling.penalties import apply_penalties
 from verispec.sampling.processors import logits_to_probs

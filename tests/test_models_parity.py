@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tiny_models import KINDS, make_hf_model
-from verispec.models.loaders import load_hf_folder
-from verispec.models.transformer import Transformer
+from verispec.models.weights.hf import load_hf_folder
+from verispec.models.decoder.transformer import Transformer
 
 TOL = 1e-4
 
@@ -70,7 +70,7 @@ def test_config_translation(tmp_path):
 
 def test_gguf_rope_frequency_factors_divide_the_frequencies():
     from verispec.models.config import RopeConfig
-    from verispec.models.transformer import rope_inv_freq
+    from verispec.models.decoder.transformer import rope_inv_freq
 
     plain = rope_inv_freq(RopeConfig(theta=500000.0), 8)
     factors = (1.0, 2.0, 4.0, 8.0)

@@ -50,8 +50,8 @@ def test_reused_keys_and_values_are_the_ones_a_prefill_computes(tiny_dir):
     n = cache.reuse(a, prompt)
     assert n == (len(prompt) - 1) // BLOCK * BLOCK
     b = runner.open(128)
-    for start in range(0, n, runner.invariant_prefill_rows):  # computed afresh, in other chunks
-        runner.forward(b, prompt[start : min(n, start + runner.invariant_prefill_rows)], 1)
+    for start in range(0, n, runner.capabilities.prefill_rows):  # computed afresh, in other chunks
+        runner.forward(b, prompt[start : min(n, start + runner.capabilities.prefill_rows)], 1)
     ka, va = runner.read_kv(a, 0, n)
     kb, vb = runner.read_kv(b, 0, n)
     assert torch.equal(ka, kb) and torch.equal(va, vb)
@@ -80,7 +80,7 @@ def test_chunked_prefill_keeps_streams_going_and_changes_no_token(tiny_dir):
     long = sched.submit(long_prompt, params, lambda e: first_token.append(len(events)) if not first_token else None)
     while sched.num_running or sched.num_waiting:
         sched.step()
-    chunks = -(-len(long_prompt) // llm.runner.invariant_prefill_rows)
+    chunks = -(-len(long_prompt) // llm.runner.capabilities.prefill_rows)
     decoded_meanwhile = sum(1 for name, n in events[: first_token[0]] if n) - 2
     assert decoded_meanwhile >= min(chunks - 1, 38 // 5)  # the short stream kept decoding during the long prefill
     reference = LLM(target, speculative=SPEC, enable_prefix_caching=True)  # the same prefill arithmetic, unchunked

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from verispec.errors import UnsupportedModelError
-from verispec.models import rowwise
-from verispec.models.quant import FORMATS, QuantTensor
-from verispec.models.synth import SIZES, random_blocks, write
+from verispec.models.kernels import rowwise
+from verispec.models.kernels.quant import FORMATS, QuantTensor
+from verispec.models.weights.synth import SIZES, random_blocks, write
 
 FORMAT_NAMES = [name for t, (name, _, _) in FORMATS.items() if t != 0]
 
@@ -120,7 +120,7 @@ def synthetic(tmp_path_factory):
 
 @pytest.mark.parametrize("mix", ["q4_k_m", "q4_1", "q5_0", "q8_0"])
 def test_a_model_as_blocks_computes_what_its_float32_conversion_computes(synthetic, mix):
-    from verispec.engine.backends import RunnerConfig, build_runner
+    from verispec.runners.registry import RunnerConfig, build_runner
 
     path = str(synthetic[mix])
     blocks = build_runner("torch", RunnerConfig(path))  # the default: the file's blocks
@@ -156,7 +156,7 @@ def test_speculative_output_on_blocks_is_plain_decoding(synthetic):
 def test_llamacpp_reads_our_synthetic_file_as_we_do(synthetic):
     """The writer and the unpacking agree with llama.cpp on what the blocks mean: its logits for
     the same file are close to ours (it rounds activations to 8 bits, so not equal)."""
-    from verispec.engine.backends import RunnerConfig, build_runner
+    from verispec.runners.registry import RunnerConfig, build_runner
 
     path = str(synthetic["q4_k_m"])
     ours, theirs = build_runner("torch", RunnerConfig(path)), build_runner("llamacpp", RunnerConfig(path))
@@ -167,7 +167,7 @@ def test_llamacpp_reads_our_synthetic_file_as_we_do(synthetic):
 
 
 def test_bundled_model_as_blocks_is_bit_identical_to_float32():
-    from verispec.engine.backends import RunnerConfig, build_runner
+    from verispec.runners.registry import RunnerConfig, build_runner
 
     blocks = build_runner("torch", RunnerConfig("smollm2-135m", weights_format="gguf"))
     floats = build_runner("torch", RunnerConfig("smollm2-135m", weights_format="float32"))
@@ -184,7 +184,7 @@ def test_bundled_model_as_blocks_is_bit_identical_to_float32():
 
 
 def test_weights_format_gguf_needs_a_gguf_file(tiny_dir):
-    from verispec.engine.backends import RunnerConfig, build_runner
+    from verispec.runners.registry import RunnerConfig, build_runner
     from verispec.errors import ConfigError
 
     with pytest.raises(ConfigError, match="needs a .gguf model"):
@@ -194,8 +194,8 @@ def test_weights_format_gguf_needs_a_gguf_file(tiny_dir):
 def test_later_loads_read_the_cached_metadata_not_the_file(tmp_path, monkeypatch):
     """The first load reads the GGUF's metadata (GGUFFile); later loads (either backend's) use
     the cached config, tokenizer and tensor table, and a rewritten file is read afresh."""
-    from verispec.models import loaders
-    from verispec.models.loaders import load_gguf_blocks, load_gguf_meta
+    from verispec.models.weights import loaders
+    from verispec.models.weights.loaders import load_gguf_blocks, load_gguf_meta
 
     monkeypatch.setattr(loaders, "cache_root", lambda: tmp_path / "cache")  # the metadata cache only
     path = write(tmp_path / "m.gguf", SIZES["tiny"], "q4_1", seed=5, progress=False)
@@ -219,7 +219,7 @@ def test_a_format_the_kernels_lack_falls_back_to_float32(tmp_path, caplog):
     dequantised to float32 (with a warning) and runs; asking for its blocks is refused clearly."""
     import gguf
 
-    from verispec.engine.backends import RunnerConfig, build_runner
+    from verispec.runners.registry import RunnerConfig, build_runner
     from verispec.errors import UnsupportedWeightFormatError
 
     path = write(tmp_path / "m.gguf", SIZES["tiny"], "q8_0", seed=7, progress=False)

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from verispec.models import rowwise
-from verispec.models.quant import FORMATS, INT8, INT8_FORMATS, TILE_FORMATS, QuantTensor
-from verispec.models.synth import SIZES, random_blocks, write
+from verispec.models.kernels import rowwise
+from verispec.models.kernels.quant import FORMATS, INT8, INT8_FORMATS, TILE_FORMATS, QuantTensor
+from verispec.models.weights.synth import SIZES, random_blocks, write
 
 BY_NAME = {name: t for t, (name, _, _) in FORMATS.items()}
 INT8_NAMES = sorted(FORMATS[t][0] for t in INT8_FORMATS)
@@ -137,7 +137,7 @@ def test_speculative_output_on_int8_is_its_plain_decoding(synthetic):
 
 
 def test_int8_runner_verifies_rows_as_it_decodes_them(synthetic):
-    from verispec.engine.backends import RunnerConfig, build_runner
+    from verispec.runners.registry import RunnerConfig, build_runner
 
     path = str(synthetic)
     i8 = build_runner("torch", RunnerConfig(path, weights_format="gguf-int8"))
@@ -180,7 +180,7 @@ def test_int8_formats_are_the_ones_the_kernel_defines():
 
 
 def test_int8_needs_blocks(tiny_dir):
-    from verispec.engine.backends import RunnerConfig, build_runner
+    from verispec.runners.registry import RunnerConfig, build_runner
     from verispec.errors import ConfigError
 
     with pytest.raises(ConfigError, match="needs a .gguf model"):
@@ -348,7 +348,7 @@ def test_tiles_refuse_what_they_cannot_hold():
 
 def test_int8_load_tiles_the_bundled_model():
     """gguf-int8 loads SmolLM2's Q4_1 and Q8_0 matrices as tiles (all their rows are whole 16s)."""
-    from verispec.models.registry import load_model
+    from verispec.models.weights.registry import load_model
 
     loaded = load_model("smollm2-135m", blocks=True, int8=True)
     quant = [w for w in loaded.weights.values() if isinstance(w, QuantTensor)]
@@ -372,9 +372,9 @@ def test_eagle3_on_int8_drafts_with_an_int8_head_and_stays_exact():
     Q8_0 tiles), for catch-ups over many states as for drafting steps: close to the float16 head's
     logits, not the same, and the speculative output is still the target's plain decoding."""
     from verispec import LLM, SamplingParams
-    from verispec.engine.backends import RunnerConfig, build_runner
-    from verispec.models.eagle import KERNEL_ROWS, TILED_KERNEL_ROWS, EagleHead
-    from verispec.models.eagle_io import load_head
+    from verispec.runners.registry import RunnerConfig, build_runner
+    from verispec.models.heads.eagle import KERNEL_ROWS, TILED_KERNEL_ROWS, EagleHead
+    from verispec.models.heads.eagle_io import load_head
     from verispec.proposers.eagle import bundled_head
 
     target = build_runner("torch", RunnerConfig("smollm2-135m", weights_format="gguf-int8"))
@@ -418,8 +418,8 @@ def test_prompts_on_an_all_tile_model_take_the_decoding_rows_arithmetic():
     """SmolLM2 on gguf-int8 is tiles throughout, so its prompts (shorter than TILED_PROMPT_ROWS) go
     through the kernel's Stack: a prompt's keys, values and logits are bit for bit those of decoding
     it token by token. Control: on the exact path a prompt of 48+ tokens takes another arithmetic."""
-    from verispec.models.registry import load_model
-    from verispec.models.transformer import PROMPT_ROWS, TILED_PROMPT_ROWS, Transformer
+    from verispec.models.weights.registry import load_model
+    from verispec.models.decoder.transformer import PROMPT_ROWS, TILED_PROMPT_ROWS, Transformer
 
     def prompt_and_tokens(tf):
         prompt = torch.arange(100) + 7
@@ -445,8 +445,8 @@ def test_prefix_caching_on_an_all_tile_model_prefills_whole_prompts_and_changes_
     prefix caching prefills them in one forward, not in 47-row chunks; chunked prefill keeps its
     short chunks. A second turn served from the cache gives the tokens it gets without one."""
     from verispec import LLM, SamplingParams
-    from verispec.engine.assembly import CHUNKED_PREFILL_ROWS
-    from verispec.models.transformer import TILED_PROMPT_ROWS
+    from verispec.models.decoder.transformer import PROMPT_ROWS
+    from verispec.models.decoder.transformer import TILED_PROMPT_ROWS
 
     params = SamplingParams(max_tokens=48, temperature=0.0)
     turn1 = [{"role": "user", "content": "List three uses of copper, one line each, and say why for each."}]
@@ -459,4 +459,4 @@ def test_prefix_caching_on_an_all_tile_model_prefills_whole_prompts_and_changes_
     fresh = LLM("smollm2-135m", weights_format="gguf-int8")
     assert fresh.chat([turn2], params)[0].outputs[0].token_ids == out.outputs[0].token_ids
     chunked = LLM("smollm2-135m", weights_format="gguf-int8", enable_chunked_prefill=True)
-    assert chunked.decoder.prefill_rows == CHUNKED_PREFILL_ROWS
+    assert chunked.decoder.prefill_rows == PROMPT_ROWS - 1

@@ -7,8 +7,8 @@ from tiny_models import write_eagle3_head
 
 from verispec import LLM, SamplingParams
 from verispec.data import pick_spread, questions as prompt_set
-from verispec.models import loaders
-from verispec.models.registry import load_model, resolve
+from verispec.models.weights import loaders
+from verispec.models.weights.registry import load_model, resolve
 
 MODELS = ["smollm2-135m", "gemma3-270m"]
 

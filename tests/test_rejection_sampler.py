@@ -16,7 +16,7 @@ import scipy.stats
 import torch
 
 from verispec.sampling.processors import logits_to_probs
-from verispec.sampling.rejection import VerifyOutput, greedy_accept, greedy_verify, rejection_sample
+from verispec.sampling.rejection import VerifyOutput, greedy_accept, rejection_sample
 
 N = 200_000
 ALPHA = 1e-6  # fail below this p-value
@@ -56,15 +56,6 @@ def _greedy_batch():
 
 
 @pytest.mark.parametrize("name", list(GREEDY_TABLE))
-def test_greedy_table_row_by_row(name):
-    target_argmax, drafts, num_draft, out, n_acc = (torch.tensor([v]) for v in GREEDY_TABLE[name])
-    result = greedy_verify(target_argmax, drafts, num_draft)
-    assert result.output_tokens.tolist() == out.tolist()
-    assert result.num_accepted.tolist() == n_acc.tolist()
-    assert result.output_tokens.dtype == torch.int64 and result.num_accepted.dtype == torch.int64
-
-
-@pytest.mark.parametrize("name", list(GREEDY_TABLE))
 def test_greedy_accept_on_lists_follows_the_table(name):
     """The decoding loop's one-request greedy verification on lists: the table's accepted count and,
     as the emitted block, the argmaxes up to and including the first rejected or bonus position."""
@@ -72,22 +63,6 @@ def test_greedy_accept_on_lists_follows_the_table(name):
     n = greedy_accept(target_argmax, drafts[:num_draft])
     assert n == n_acc
     assert target_argmax[: n + 1] == [t for t in out if t != -1]
-
-
-def test_greedy_table_as_one_ragged_batch():
-    target_argmax, drafts, num_draft, out, n_acc = _greedy_batch()
-    result = greedy_verify(target_argmax, drafts, num_draft)
-    assert torch.equal(result.output_tokens, out) and torch.equal(result.num_accepted, n_acc)
-
-
-def test_greedy_without_num_draft_tokens_uses_all_k():
-    result = greedy_verify(torch.tensor([[1, 2, 3]]), torch.tensor([[1, 2]]))
-    assert result.output_tokens.tolist() == [[1, 2, 3]] and result.num_accepted.tolist() == [2]
-
-
-def test_greedy_zero_width_drafts():
-    result = greedy_verify(torch.tensor([[7], [8]]), torch.empty(2, 0, dtype=torch.int64))
-    assert result.output_tokens.tolist() == [[7], [8]] and result.num_accepted.tolist() == [0, 0]
 
 
 @pytest.mark.parametrize("draft_kind", ["none", "one_hot_probs"])

@@ -1,11 +1,11 @@
-"""The row-wise kernels (models/rowwise.py, kernels/) on their own, each variant this CPU runs:
+"""The row-wise kernels (models/kernels/) on their own, each variant this CPU runs:
 right numbers, and every row bit-identical to its one-row result whatever the rows and threads
 beside it. Variants against each other: test_kernel_variants.py."""
 
 import pytest
 import torch
 
-from verispec.models import rowwise
+from verispec.models.kernels import rowwise
 
 
 @pytest.fixture(scope="module", params=rowwise.supported_variants())
@@ -103,8 +103,8 @@ def test_the_stack_checks_its_input(tiny_dir):
     """The one-call forward (kernels/layer.cpp's Stack) refuses what it cannot run, with a message,
     before its parallel region (where an error could not be raised): rows that do not start at 0,
     a cache of the wrong shape, a captured layer or a logit row out of range, a layer of other sizes."""
-    from verispec.models.registry import load_model
-    from verispec.models.transformer import Transformer, _kernel_weight
+    from verispec.models.weights.registry import load_model
+    from verispec.models.decoder.transformer import Transformer, _kernel_weight
 
     loaded = load_model(str(tiny_dir("llama")))
     m = Transformer(loaded.config, loaded.weights)

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from verispec.models.gguf_tokenizer import compact_tokenizer_from_gguf, spm_from_gguf, tokenizer_from_gguf
-from verispec.models.spm_tokenizer import SPIECE_SPACE, SpmTokenizer
-from verispec.models.tokenizer import SPM_FILE, Tokenizer
+from verispec.models.tokenizers.gguf import compact_tokenizer_from_gguf, spm_from_gguf, tokenizer_from_gguf
+from verispec.models.tokenizers.spm import SPIECE_SPACE, SpmTokenizer
+from verispec.models.tokenizers.tokenizer import SPM_FILE, Tokenizer
 
 
 def _gemma3_path() -> Path | None:
     from verispec.errors import ModelNotFoundError
-    from verispec.models.registry import resolve
+    from verispec.models.weights.registry import resolve
 
     try:
         return resolve("gemma3-270m")
@@ -147,13 +147,14 @@ def test_save_load_and_rebuilt_pipeline(tmp_path):
     ours = spm_from_gguf(meta)
     ours.save(tmp_path / "spm.json")
     again = SpmTokenizer.load(tmp_path / "spm.json")
-    rebuilt = tokenizers_from_text(again.to_str())
+    rebuilt_json = tokenizer_from_gguf(again.metadata())[0].to_str()  # the pipeline llguidance reads (Tokenizer.tokenizer_json)
+    rebuilt = tokenizers_from_text(rebuilt_json)
     ref, _ = tokenizer_from_gguf(meta)
     rng = random.Random(3)
     texts = _random_texts(rng, ours.pieces, list(ours.added), ["a", "b", " ", "\n"], 100)
     for text in texts:
         assert again.encode(text).ids == ours.encode(text).ids == rebuilt.encode(text).ids == ref.encode(text).ids
-    assert json.loads(again.to_str())["model"]["type"] == "BPE"
+    assert json.loads(rebuilt_json)["model"]["type"] == "BPE"
     with pytest.raises(ValueError, match="verispec-spm"):
         (tmp_path / "bad.json").write_text("{}")
         SpmTokenizer.load(tmp_path / "bad.json")
@@ -185,7 +186,7 @@ def gemma():
     path = _gemma3_path()
     if path is None:
         pytest.skip("Gemma 3 GGUF file is not installed")
-    from verispec.models.gguf_file import GGUFFile
+    from verispec.models.weights.gguf_file import GGUFFile
 
     meta = GGUFFile(path).metadata
     ours, info = compact_tokenizer_from_gguf(meta)

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from verispec import LLM
-from verispec.engine.runner import BatchItem
-from verispec.models.kv_cache import KVCache
-from verispec.models.transformer import tree_paths
+from verispec.runners.base import BatchItem
+from verispec.models.decoder.kv_cache import KVCache
+from verispec.models.decoder.transformer import tree_paths
 
 # a tree of 9 rows below the cache: row 0 is the pending token (the root), then branches
 #   0 ─ 1 ─ 3 ─ 6

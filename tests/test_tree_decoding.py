@@ -4,6 +4,7 @@ the target's distribution (chi-square on the token a tree's root verifies, with 
 at it), and a sampler that does not renormalise after a rejected sibling is caught. Also the
 policy's tree sizing and the suffix tree's construction."""
 
+import dataclasses
 import random
 
 import numpy as np
@@ -13,10 +14,10 @@ from scipy.stats import chisquare
 
 from verispec import LLM, SamplingParams
 from verispec.engine.policy import AcceptanceEstimate, SpeculationPolicy
-from verispec.engine.speculative import SpeculativeDecoder
+from verispec.engine.decoder import SpeculativeDecoder
 from verispec.errors import InvalidSpeculativeConfigError
-from verispec.proposers.base import Draft, register
-from verispec.proposers.suffix import _grow
+from verispec.proposers.base import Draft, Proposer, register
+from verispec.proposers.suffix.index import _grow
 from verispec.sampling import tree as tree_module
 from verispec.sampling.processors import logits_to_probs
 
@@ -38,26 +39,31 @@ def test_grow_builds_best_first_trees():
         Draft([5, 6], parents=[-1, 1])
 
 
+def tree_nodes(policy, node_probs, estimate, batch_size, groups=None) -> int:
+    """How many of a tree's first nodes the policy verifies as a tree (no main path to prefer as a chain)."""
+    return policy.tree_shape(node_probs, estimate, batch_size, groups, main=[False] * len(node_probs))[0]
+
+
 def test_tree_size_weighs_nodes_against_the_cost_curve():
     policy = SpeculationPolicy(4, cost=lambda n: 1 + 0.15 * (n - 1))
-    assert policy.tree_size([0.9, 0.6, 0.3, 0.1], AcceptanceEstimate(), 1) == 2  # the module's example
-    assert policy.tree_size([0.99] * 8, AcceptanceEstimate(), 1) == 8  # sure nodes: all of them
+    assert tree_nodes(policy, [0.9, 0.6, 0.3, 0.1], AcceptanceEstimate(), 1) == 2  # the module's example
+    assert tree_nodes(policy, [0.99] * 8, AcceptanceEstimate(), 1) == 8  # sure nodes: all of them
     steep = SpeculationPolicy(4, cost=lambda n: float(n), probe_every=1000)  # every row costs a forward
-    assert steep.tree_size([0.9, 0.6], AcceptanceEstimate(), 1) == 0
+    assert tree_nodes(steep, [0.9, 0.6], AcceptanceEstimate(), 1) == 0
     doubtful = AcceptanceEstimate()
     for _ in range(30):  # trees whose nodes were never accepted: calibration falls, trees shrink
         doubtful.observe_tree([0.9, 0.6, 0.3], ["main", "main", "branch"], [])
-    assert doubtful.calibration < 0.05 and doubtful.branch_calibration < 0.05
+    assert doubtful.calibration < 0.05 and doubtful.calibration_of("branch") < 0.05
     siblings_fail = AcceptanceEstimate()
     for _ in range(30):  # the main path always accepted, the branch never: only branches shrink
         siblings_fail.observe_tree([0.6, 0.4], ["main", "branch"], [0])
-    assert siblings_fail.calibration > 1.4 and siblings_fail.branch_calibration < 0.05
+    assert siblings_fail.calibration > 1.4 and siblings_fail.calibration_of("branch") < 0.05
     chain_only = SpeculationPolicy(4, cost=lambda n: 1 + 0.1 * (n - 1))
-    assert chain_only.tree_size([0.6, 0.4], siblings_fail, 1, ["main", "branch"]) == 1  # the sibling left out
-    assert chain_only.tree_size([0.6, 0.4], AcceptanceEstimate(), 1, ["main", "branch"]) == 2
-    assert SpeculationPolicy(4, cost=lambda n: 1 + 0.15 * (n - 1), probe_every=1000).tree_size([0.9, 0.6, 0.3], doubtful, 1) == 0
-    assert SpeculationPolicy(4, adaptive=False).tree_size([0.1] * 5, doubtful, 1) == 5
-    assert SpeculationPolicy(4, disable_by_batch_size=2).tree_size([0.9], AcceptanceEstimate(), 3) == 0
+    assert tree_nodes(chain_only, [0.6, 0.4], siblings_fail, 1, ["main", "branch"]) == 1  # the sibling left out
+    assert tree_nodes(chain_only, [0.6, 0.4], AcceptanceEstimate(), 1, ["main", "branch"]) == 2
+    assert tree_nodes(SpeculationPolicy(4, cost=lambda n: 1 + 0.15 * (n - 1), probe_every=1000), [0.9, 0.6, 0.3], doubtful, 1) == 0
+    assert tree_nodes(SpeculationPolicy(4, adaptive=False), [0.1] * 5, doubtful, 1) == 5
+    assert tree_nodes(SpeculationPolicy(4, disable_by_batch_size=2), [0.9], AcceptanceEstimate(), 3) == 0
 
 
 def test_tree_shape_verifies_a_main_path_that_pays_as_a_chain():
@@ -138,8 +144,8 @@ def test_greedy_trees_identical_to_plain(family, k, nodes, adaptive, monkeypatch
     llm = LLM(str(target), speculative={"method": "suffix", "num_speculative_tokens": k, "tree_max_nodes": nodes,
                                         "adaptive_k": adaptive})
     trees = []  # the trees verified (after the policy's sizing)
-    real = SpeculativeDecoder._tree_step
-    monkeypatch.setattr(SpeculativeDecoder, "_tree_step", lambda self, req, draft, *a: trees.append(draft) or real(self, req, draft, *a))
+    real = SpeculativeDecoder._accept_tree
+    monkeypatch.setattr(SpeculativeDecoder, "_accept_tree", lambda self, req, logits, draft: trees.append(draft) or real(self, req, logits, draft))
     chains = []  # main paths verified as chains
     verify = SpeculativeDecoder._verify
     monkeypatch.setattr(SpeculativeDecoder, "_verify", lambda self, reqs, drafts: chains.extend(
@@ -167,8 +173,8 @@ def test_greedy_tree_logprobs_identical_to_plain(family, monkeypatch):
     ref = LLM(str(target)).generate(ps, params)
     llm = LLM(str(target), speculative={"method": "suffix", "num_speculative_tokens": 8, "tree_max_nodes": 16, "adaptive_k": False})
     kept = []  # accepted path lengths of the trees verified
-    real = SpeculativeDecoder._tree_step
-    monkeypatch.setattr(SpeculativeDecoder, "_tree_step", lambda self, req, *a: kept.append(len(x := real(self, req, *a))) or x)
+    real = SpeculativeDecoder._accept_tree  # (tokens emitted: the accepted path and one more, path, distribution)
+    monkeypatch.setattr(SpeculativeDecoder, "_accept_tree", lambda self, *a: kept.append(len((x := real(self, *a))[0])) or x)
     outs = llm.generate(ps, params)
     assert max(kept) > 2, "no tree kept a path of two drafts: the test would not exercise their rows"
     assert [o.token_ids for o in outs] == [o.token_ids for o in ref]
@@ -188,7 +194,7 @@ def test_trees_need_a_branching_drafter_and_a_backend_that_verifies_them(tiny_di
         LLM(str(tiny_dir("llama", seed=0)), speculative={"method": "prompt_lookup", "tree_max_nodes": 8})
     llm = LLM(str(tiny_dir("llama", seed=0)), speculative={"method": "suffix"})
     runner, proposer = llm.runner, llm.engine.proposer
-    runner.supports_trees = False  # as the llama.cpp backend's
+    runner.capabilities = dataclasses.replace(runner.capabilities, trees=False)  # as the llama.cpp backend's
     with pytest.raises(InvalidSpeculativeConfigError, match="does not verify token trees"):
         SpeculativeDecoder(runner, proposer, 4, tree_nodes=8)
     with pytest.raises(InvalidSpeculativeConfigError, match="tree_max_nodes must be in 0..32"):
@@ -202,25 +208,21 @@ SIBLINGS: list[int] = []  # the root's children: the target's likeliest tokens (
 
 
 @register("test_fixed_tree")
-class FixedTree:
+class FixedTree(Proposer):
     """A test drafter: at every step a tree whose root children are SIBLINGS (each with two
     children of its own), one-hot, so the token after the pending one is verified against several
     candidates at once."""
 
-    relative_cost = 0.0
     proposes_trees = True
 
     @classmethod
     def create(cls, config, target):
         return cls()
 
-    def begin(self, seq):
-        pass
-
-    def propose(self, seq, k):
-        return Draft(tokens=[])
-
-    def propose_tree(self, seq, max_depth, max_nodes):
+    def propose(self, seq, budget):
+        if not budget.nodes:
+            return Draft(tokens=[])
+        max_depth, max_nodes = budget.depth, budget.nodes
         tokens, parents = list(SIBLINGS), [-1] * len(SIBLINGS)
         if max_depth > 1:
             for i, t in enumerate(SIBLINGS):

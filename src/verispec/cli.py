@@ -1,64 +1,18 @@
 """The `verispec` command: generate, demo, bench, serve, load, train-draft.
 
-Flags come from the configuration dataclasses (verispec.config), so the library, the CLI and
-(later) the server share one source of truth.
+Flags come from the configuration dataclasses (verispec.config, through verispec.flags), so the
+library, the CLI and the server share one source of truth.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
-import typing
-from typing import Any
 
 from verispec.config import ClusterConfig, EngineConfig, SamplingParams, ServerConfig, SpeculativeConfig
 from verispec.errors import VerispecError
-
-_FLAG_NAMES = {"method": "method", "num_speculative_tokens": "k"}
-
-
-def _base_type(tp: Any) -> Any:
-    args = [a for a in typing.get_args(tp) if a is not type(None)]
-    return _base_type(args[0]) if args else tp
-
-
-def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
-    """One flag per dataclass field: --field-name, typed from the annotation, help from metadata."""
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if f.name in skip or "help" not in f.metadata:
-            continue
-        flag = "--" + _FLAG_NAMES.get(f.name, f.name).replace("_", "-")
-        tp = _base_type(hints[f.name])
-        default = f.default if f.default is not dataclasses.MISSING else None
-        if tp is bool:
-            parser.add_argument(
-                flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
-                help=f"{f.metadata['help']} (default: {'on' if default else 'off'})",
-            )
-        elif typing.get_origin(tp) is dict or dataclasses.is_dataclass(tp):
-            parser.add_argument(flag, dest=f.name, type=_json_arg, default=None, help=f"{f.metadata['help']} (JSON)")
-        elif typing.get_origin(tp) is list:
-            item = typing.get_args(tp)[0]
-            parser.add_argument(flag, dest=f.name, type=item, action="append", default=None, help=f.metadata["help"])
-        else:
-            parser.add_argument(flag, dest=f.name, type=tp, default=default, help=f"{f.metadata['help']} (default: {default})")
-
-
-def _json_arg(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not JSON: {e}") from e
-
-
-def _from_args(cls: type, args: argparse.Namespace, **extra: Any):
-    names = {f.name for f in dataclasses.fields(cls)}
-    values = {k: v for k, v in vars(args).items() if k in names and v is not None}
-    return cls(**{**values, **extra})
-
+from verispec.flags import add_dataclass_flags, from_args
 
 def _engine_parser(parser: argparse.ArgumentParser) -> None:
     add_dataclass_flags(parser, EngineConfig, skip=("speculative",))
@@ -137,9 +91,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     from verispec.server import create_app
 
-    engine = _from_args(EngineConfig, args, speculative=_from_args(SpeculativeConfig, args))
-    server = _from_args(ServerConfig, args)
-    cluster = _from_args(ClusterConfig, args)
+    engine = from_args(EngineConfig, args, speculative=from_args(SpeculativeConfig, args))
+    server = from_args(ServerConfig, args)
+    cluster = from_args(ClusterConfig, args)
     if cluster.enabled:
         from verispec.cluster import run as run_cluster
 
@@ -153,9 +107,9 @@ def _serve(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     from verispec import LLM
 
-    spec = _from_args(SpeculativeConfig, args)
-    engine = _from_args(EngineConfig, args, speculative=spec)
-    params = _from_args(SamplingParams, args)
+    spec = from_args(SpeculativeConfig, args)
+    engine = from_args(EngineConfig, args, speculative=spec)
+    params = from_args(SamplingParams, args)
     llm = LLM.from_config(engine)
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [

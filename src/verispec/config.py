@@ -1,7 +1,7 @@
 """Configuration: the one source of truth for engine, speculation and sampling options.
 
 Each option is a dataclass field with its help text in `metadata`; the CLI builds its flags from
-these fields (see `cli.add_dataclass_flags`), so a new option is added here once. Configurations
+these fields (see `flags.add_dataclass_flags`), so a new option is added here once. Configurations
 are frozen: nothing mutates them at run time.
 """
 
@@ -188,7 +188,8 @@ class SpeculativeConfig:
         "are evicted (0 = only the request's own text)")
     suffix_decoding_max_spec_factor: float = opt(
         4.0, "suffix: a draft is at most this many tokens per token of matched context (longer matches, longer drafts; "
-        "vLLM's default is 1.0: 4.0 measured ahead here, drafts ranked by their first match-length tokens)")
+        "vLLM's default is 1.0; drafts are ranked by their first match-length tokens; "
+        "docs/results/suffix/options-2026-12-06h)")
     suffix_decoding_min_token_prob: float = opt(
         0.1, "suffix: stop a draft where its estimated probability (the share of earlier occurrences that "
         "continued this way, multiplied along the draft) falls below this")
@@ -253,10 +254,6 @@ class SpeculativeConfig:
         score = self.hybrid_min_score
         if isinstance(score, bool) or not isinstance(score, (int, float)) or not 0 <= score <= 64:
             raise InvalidSpeculativeConfigError(f"hybrid_min_score must be in [0, 64], got {score!r}")
-        if self.method == "hybrid" and self.hybrid_drafter == "draft_model" and not self.draft_model:
-            raise InvalidSpeculativeConfigError("method hybrid with hybrid_drafter draft_model needs draft_model=<name or path>")
-        if self.method == "draft_model" and not self.draft_model:
-            raise InvalidSpeculativeConfigError("method draft_model needs draft_model=<name or path>")
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> "SpeculativeConfig":
@@ -309,8 +306,9 @@ class EngineConfig:
     enable_prefix_caching: bool = opt(
         False,
         "reuse the keys and values of earlier requests' prefixes (system prompts, earlier turns), up to "
-        "prefix_cache_max_bytes; prompts are then prefilled through the decoding kernels (~1.25x slower "
-        "cold) so a request's tokens never depend on what was cached (torch backend, batch_invariant)",
+        "prefix_cache_max_bytes; prompts are then prefilled through the decoding kernels (slower on long "
+        "uncached prompts: docs/design/outputs.md) so a request's tokens never depend on what was cached (torch "
+        "backend, batch_invariant)",
     )
     prefix_cache_max_bytes: int = opt(2**30, "memory for cached prefixes; least recently used blocks leave first")
     enable_chunked_prefill: bool = opt(
@@ -321,16 +319,6 @@ class EngineConfig:
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
     def __post_init__(self) -> None:
-        from verispec.engine.backends import BACKENDS, get_backend  # the registry knows every backend
-
-        formats = get_backend(self.backend).weights_formats  # a ConfigError naming the known ones
-        if self.weights_format is not None and self.weights_format not in formats:
-            offered = {name: b.weights_formats for name, b in sorted(BACKENDS.items()) if b.weights_formats}
-            raise ConfigError(
-                f"weights_format {self.weights_format!r} is not one of backend {self.backend}'s "
-                f"({', '.join(formats) or 'none'}); backends with weight formats: "
-                + "; ".join(f"{name}: {', '.join(f)}" for name, f in offered.items())
-            )
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if not isinstance(self.batch_invariant, bool):
@@ -340,8 +328,8 @@ class EngineConfig:
         for name in ("enable_prefix_caching", "enable_chunked_prefill"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        if (self.enable_prefix_caching or self.enable_chunked_prefill) and (self.backend != "torch" or not self.batch_invariant):
-            raise ConfigError("prefix caching and chunked prefill need the torch backend with batch_invariant on "
+        if (self.enable_prefix_caching or self.enable_chunked_prefill) and not self.batch_invariant:
+            raise ConfigError("prefix caching and chunked prefill need batch_invariant on "
                               "(keys and values must not depend on how a prompt is split)")
         for name in ("max_model_len", "num_threads", "max_num_seqs", "prefix_cache_max_bytes"):
             value = getattr(self, name)

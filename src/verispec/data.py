@@ -115,7 +115,7 @@ def pick_spread(items: list[dict], n: int) -> list[dict]:
 def sharegpt_heldout(count: int = 60, max_chars: int = 2000) -> list[dict]:
     """The first user turn of ShareGPT conversations from record 14,000 on (never trained on), as
     questions of category "sharegpt"; prompts longer than max_chars are skipped."""
-    from verispec.train.data import SHAREGPT_TRAIN_END, conversations, first_exchange
+    from verispec.conversations import SHAREGPT_TRAIN_END, conversations, first_exchange
 
     out = []
     for record, messages in conversations("sharegpt", SHAREGPT_TRAIN_END, None):

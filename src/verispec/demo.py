@@ -27,16 +27,16 @@ def demo_methods(args: argparse.Namespace, runner) -> list[str]:
 
 def run_demo(args: argparse.Namespace) -> int:
     from verispec import LLM
-    from verispec.cli import _from_args
+    from verispec.flags import from_args
     from verispec.config import EngineConfig
     from verispec.engine.assembly import build_decoder
 
-    engine = _from_args(EngineConfig, args, speculative=None)
+    engine = from_args(EngineConfig, args, speculative=None)
     questions = pick_spread(load_prompt_set(args.questions), args.num_prompts)
     t0 = time.perf_counter()
     llm = LLM.from_config(engine)
     methods = demo_methods(args, llm.runner)
-    specs = {m: _from_args(SpeculativeConfig, args, method=m) for m in methods}  # every speculation flag counts
+    specs = {m: from_args(SpeculativeConfig, args, method=m) for m in methods}  # every speculation flag counts
     decoders = {m: build_decoder(llm.runner, spec, engine) for m, spec in specs.items()}
     print(f"loaded {args.model} in {time.perf_counter() - t0:.1f}s; drafters: "
           + ", ".join(f"{m} (k={s.num_speculative_tokens})" for m, s in specs.items()))

@@ -129,7 +129,7 @@ class HFMethod:
 def load_hf_model(name: str):
     from transformers import AutoModelForCausalLM
 
-    from verispec.models.registry import resolve
+    from verispec.models.weights.registry import resolve
 
     path = resolve(name)
     if path.is_dir():
@@ -144,7 +144,7 @@ def load_hf_model(name: str):
 @contextlib.contextmanager
 def _without_extra_bufts():
     """`llama_cpp.Llama` built inside loads its model with use_extra_bufts off, as our runner does
-    (engine/llamacpp_runner.py, model_params: llama.cpp's AMX weight repacking crashes in
+    (runners/llamacpp.py, model_params: llama.cpp's AMX weight repacking crashes in
     llama_decode on Intel Xeons with AMX). `Llama` fills its llama_model_params itself without
     that option and hands them to `_internals.LlamaModel`, which loads the file: for the duration,
     that class is one that turns the field off first (on the Llama's own `model_params`)."""
@@ -203,7 +203,5 @@ class LlamaCppMethod:
         wall = time.perf_counter() - t
         return Run(tokens, wall, (first or t) - t, 0)
 
-
-METHOD_NAMES = ("plain", "prompt_lookup", "draft_model", "hf", "hf_prompt_lookup", "hf_assisted", "llamacpp", "llamacpp_prompt_lookup")
 
 Builder = Callable[[], Method]

@@ -19,20 +19,76 @@ NAME@N at its N-th run, NAME@load while loading; several entries separated by co
 from __future__ import annotations
 
 import faulthandler
+import importlib.util
 import multiprocessing
 import os
 import resource
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from typing import Callable
 
 import torch
 
 from verispec.bench.methods import HFMethod, LlamaCppMethod, Method, Run, Unavailable, load_hf_model
 
 CRASH_ENV = "VERISPEC_BENCH_CRASH_PEER"
-PEER_NAMES = ("hf", "hf_prompt_lookup", "hf_assisted", "llamacpp", "llamacpp_prompt_lookup")
+
+
+def _gguf(model: str):
+    from verispec.models.weights.registry import resolve
+
+    path = resolve(model)
+    if path.suffix.lower() != ".gguf":
+        raise Unavailable("llama.cpp needs a GGUF target")
+    return path
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A third-party decoding method: how to build it in its child process, and what is known of it
+    before starting one."""
+
+    family: str  # the report's group: "hf", "llama.cpp (peer)"
+    speculative: bool  # it drafts (its speed compared with its family's plain decoding)
+    build: Callable[[str, str, list[int], str | None], Method]  # (name, model, eos, draft_model)
+    needs: str = ""  # "assistant": a same-vocabulary draft model; "llama_cpp": llama-cpp-python and a GGUF target
+
+    def check(self, model: str, draft_model: str | None) -> None:
+        """Unavailable where it cannot run here, known without starting its child."""
+        if self.needs == "assistant" and not draft_model:
+            raise Unavailable("no same-vocabulary assistant (--draft-model) for this target")
+        if self.needs == "llama_cpp":
+            if importlib.util.find_spec("llama_cpp") is None:
+                raise Unavailable("llama-cpp-python is not installed (pip install llama-cpp-python)")
+            _gguf(model)
+
+
+def _hf(lookup: int = 0, assisted: bool = False):
+    def build(name: str, model: str, eos: list[int], draft_model: str | None) -> Method:
+        if assisted and not draft_model:
+            raise Unavailable("no same-vocabulary assistant (--draft-model) for this target")
+        assistant = load_hf_model(draft_model) if assisted else None
+        return HFMethod(name, load_hf_model(model), eos, prompt_lookup=lookup, assistant=assistant)
+    return build
+
+
+def _llamacpp(lookup: int = 0):
+    def build(name: str, model: str, eos: list[int], draft_model: str | None) -> Method:
+        return LlamaCppMethod(name, str(_gguf(model)), eos, prompt_lookup=lookup)
+    return build
+
+
+# llama-cpp-python's peers run its Python generation loop (`Llama.generate`): not llama.cpp's native speed
+PEERS: dict[str, Peer] = {
+    "hf": Peer("hf", False, _hf()),
+    "hf_prompt_lookup": Peer("hf", True, _hf(lookup=10)),
+    "hf_assisted": Peer("hf", True, _hf(assisted=True), needs="assistant"),
+    "llamacpp": Peer("llama.cpp (peer)", False, _llamacpp(), needs="llama_cpp"),
+    "llamacpp_prompt_lookup": Peer("llama.cpp (peer)", True, _llamacpp(lookup=10), needs="llama_cpp"),
+}
 
 
 class PeerFailed(Exception):
@@ -41,22 +97,10 @@ class PeerFailed(Exception):
 
 def build_peer(name: str, model: str, eos: list[int], draft_model: str | None = None) -> Method:
     """The peer `name` on target `model`, built in the process that runs it."""
-    if name == "hf":
-        return HFMethod(name, load_hf_model(model), eos)
-    if name == "hf_prompt_lookup":
-        return HFMethod(name, load_hf_model(model), eos, prompt_lookup=10)
-    if name == "hf_assisted":
-        if not draft_model:
-            raise Unavailable("no same-vocabulary assistant (--draft-model) for this target")
-        return HFMethod(name, load_hf_model(model), eos, assistant=load_hf_model(draft_model))
-    if name in ("llamacpp", "llamacpp_prompt_lookup"):
-        from verispec.models.registry import resolve
-
-        path = resolve(model)
-        if path.suffix.lower() != ".gguf":
-            raise Unavailable("llama.cpp needs a GGUF target")
-        return LlamaCppMethod(name, str(path), eos, prompt_lookup=10 if name.endswith("lookup") else 0)
-    raise Unavailable(f"unknown method {name!r}")
+    peer = PEERS.get(name)
+    if peer is None:
+        raise Unavailable(f"unknown method {name!r}")
+    return peer.build(name, model, eos, draft_model)
 
 
 class IsolatedPeer:

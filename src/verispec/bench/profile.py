@@ -18,17 +18,17 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from verispec.engine.costs import CostProfile, kv_bytes_read, time_forwards
+from verispec.runners.costs import CostProfile, kv_bytes_read, time_forwards
 
 
 def measure_bandwidth(mib: int = 512, repeats: int = 5) -> float:
     """Read bandwidth in GB/s: the best of a few passes over a buffer far larger than the caches,
     by torch's sum and, where it builds, the row-wise kernel's one-row product. The sum alone
-    varied 51-101 GB/s between runs here (how the buffer's pages were mapped), the kernel
-    84-86, so the faster of the two answers."""
+    varies widely between runs (how the buffer's pages were mapped), the kernel's product little,
+    so the faster of the two answers (docs/results/forward-cost.md)."""
     import torch
 
-    from verispec.models import rowwise
+    from verispec.models.kernels import rowwise
 
     x = torch.ones(mib * 2**20 // 4)
     passes = [x.sum]
@@ -48,12 +48,12 @@ def measure_bandwidth(mib: int = 512, repeats: int = 5) -> float:
 
 def linear_floor_ms(runner, repeats: int = 10, project=None) -> float:
     """One token through every linear layer of our torch model (LM head included), best of
-    `repeats`, as `project(x, w)` runs them (default: our `_project`)."""
+    `repeats`, as `project(x, w)` runs them (default: our `project`)."""
     import torch
 
-    from verispec.models.transformer import _project
+    from verispec.models.decoder.transformer import project
 
-    project = project or _project
+    project = project or project
     m = runner.model
     ws = [w for layer in m.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [m.lm_head]
     xs = [torch.randn(1, w.shape[1], dtype=w.dtype) for w in ws]
@@ -70,8 +70,8 @@ def linear_floor_ms(runner, repeats: int = 10, project=None) -> float:
 def floor_pair(runner, context: int = 512, rounds: int = 3) -> tuple[float, float]:
     """(one-token forward after `context` tokens, linear floor): each the best of 10, the two timed
     in turn for `rounds` rounds, so they see the same machine. Like for like: the profile's
-    curve holds medians, and a median forward over a best-of floor read 1.30x where best over best
-    read 1.18-1.20x (SmolLM2, 2026-12-03)."""
+    curve holds medians, and a median forward over a best-of floor overstates the ratio
+    (docs/results/forward-cost.md)."""
     forward, floor = float("inf"), float("inf")
     for _ in range(rounds):
         forward = min(forward, time_forwards(runner, context, [1], repeats=10, best=True)[0])
@@ -82,7 +82,8 @@ def floor_pair(runner, context: int = 512, rounds: int = 3) -> tuple[float, floa
 def run_profiles(model: str, backends: list[str], out: Path) -> int:
     """Profile each backend[:format]; print the tables and save cost_profile-<backend>.json each."""
     from verispec import LLM
-    from verispec.bench.run import family_options
+    from verispec.runners.torch_runner import TorchRunner
+    from verispec.runners.registry import family_options
 
     bandwidth = measure_bandwidth()
     print(f"memory read bandwidth: {bandwidth:.1f} GB/s", file=sys.stderr)
@@ -93,12 +94,12 @@ def run_profiles(model: str, backends: list[str], out: Path) -> int:
         llm = LLM(model, **family_options(spec))
         profile = measure(llm, model)
         profile.backend = backend
-        profile.weights_format = (llm.runner.weights_format + (", batch_invariant off" if fmt == "fast" else "")) if backend == "torch" else (fmt or "as shipped")
+        options = family_options(spec)
+        profile.weights_format = llm.runner.weights_format + (", batch_invariant off" if options.get("batch_invariant") is False else "")
         profile.weight_bytes = llm.runner.weight_bytes
         profile.bandwidth_gbs = bandwidth
-        # the KV cache's values: float32 in the torch backend, Q8_0 blocks (34 bytes a 32) in llama.cpp's
-        profile.kv_bytes_512 = kv_bytes_read(llm.runner.config, 512, 4 if backend == "torch" else 34 / 32)
-        if backend == "torch":
+        profile.kv_bytes_512 = kv_bytes_read(llm.runner.config, 512, llm.runner.kv_bytes_per_value)
+        if isinstance(llm.runner, TorchRunner):  # the floor of its linear layers, through our decoder
             profile.forward_best_ms, profile.linear_floor_ms = floor_pair(llm.runner, min(512, llm.runner.max_context - 1))
         path = out / f"cost_profile-{spec.replace(':', '-')}.json"
         profile.save(path)

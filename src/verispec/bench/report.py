@@ -12,10 +12,11 @@ from collections import defaultdict
 from pathlib import Path
 from statistics import mean
 
-from verispec.bench.run import BenchResult, Record, split_family, subtasks_in
+from verispec.bench.peers import PEERS
+from verispec.bench.run import BenchResult, Record, our_methods, split_family, subtasks_in
+from verispec.config import EngineConfig
 from verispec.data import question_set_name
 
-PEERS = ("hf", "hf_prompt_lookup", "hf_assisted", "llamacpp", "llamacpp_prompt_lookup")
 
 
 def print_and_save(lines: list[str], out: Path | None) -> None:
@@ -63,12 +64,12 @@ def summarize(result: BenchResult) -> dict[str, dict]:
 
 def family_of(method: str) -> tuple[str, bool]:
     """(backend family, speculative?) of a method: 'prompt_lookup@llamacpp:Q8_0' -> ('llamacpp:Q8_0', True);
-    our methods without '@' run on 'torch'; peers form the families 'hf' and 'llama.cpp (peer)'."""
+    our methods without '@' run on the default backend; peers form the families their registry names
+    ('hf', 'llama.cpp (peer)'); our plain decoding (no drafter) is not speculative."""
     if method in PEERS:
-        family = "hf" if method.startswith("hf") else "llama.cpp (peer)"
-        return family, method not in ("hf", "llamacpp")
+        return PEERS[method].family, PEERS[method].speculative
     base, family = split_family(method)
-    return family or "torch", base != "plain"
+    return family or EngineConfig.backend, our_methods().get(base) is not None
 
 
 def decode_rate(records: list[Record]) -> float:

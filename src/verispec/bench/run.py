@@ -21,9 +21,12 @@ from pathlib import Path
 from tqdm import tqdm
 
 from verispec.bench.methods import Method, OursMethod, Unavailable
-from verispec.bench.peers import PEER_NAMES, IsolatedPeer, PeerFailed
-from verispec.config import SpeculativeConfig
+from verispec.bench.peers import PEERS, IsolatedPeer, PeerFailed
+from verispec.config import EngineConfig, SpeculativeConfig
 from verispec.data import questions as question_set, subtask
+from verispec.proposers import PROPOSERS
+from verispec.models.kernels.rowwise import cpu_name
+from verispec.runners.registry import family_options
 
 SUBTASKS = ("multi_turn", "translation", "summarization", "qa", "math_reasoning", "rag")
 
@@ -66,6 +69,7 @@ class Record:
     matches_plain: bool | None = None  # greedy: same tokens as our plain decoding
     first_mismatch: int | None = None
     cached_prompt_tokens: int = 0  # over all turns: prompt tokens taken from the prefix cache (--prefix-caching)
+    token_ids: list[int] = field(default_factory=list)  # the new tokens, every turn's in order (results compared across runs)
 
     @property
     def tokens_per_s(self) -> float:
@@ -89,24 +93,7 @@ def split_family(name: str) -> tuple[str, str]:
     """'prompt_lookup@llamacpp:Q8_0' -> ('prompt_lookup', 'llamacpp:Q8_0'); no '@' or '@torch' = our
     torch backend with its defaults ('')."""
     base, _, family = name.partition("@")
-    return base, "" if family == "torch" else family
-
-
-def family_options(family: str) -> dict:
-    """LLM options of a backend[:format] name: 'llamacpp:Q8_0' -> backend llamacpp, weights Q8_0;
-    'torch' (batch-invariant, the default), 'torch:fast' -> torch with batch_invariant off,
-    'torch:float32' / 'torch:gguf' / 'torch:gguf-int8' -> torch with that weights_format (default: the file's blocks)."""
-    from verispec.errors import ConfigError
-
-    backend, _, fmt = family.partition(":")
-    if backend != "torch":
-        return {"backend": backend, "weights_format": fmt or None}
-    if fmt in ("float32", "gguf", "gguf-int8"):
-        return {"weights_format": fmt}
-    if fmt not in ("", "fast"):
-        raise ConfigError(f"unknown torch variant {family!r}: 'torch', 'torch:fast' (batch_invariant off), "
-                          "'torch:float32', 'torch:gguf' or 'torch:gguf-int8' (weights format)")
-    return {"batch_invariant": fmt != "fast"}
+    return base, "" if family == EngineConfig.backend else family
 
 
 def family_llm(cfg: BenchConfig, llm, family: str, llms: dict):
@@ -169,58 +156,63 @@ def build_methods(cfg: BenchConfig, llm) -> tuple[list[Method], dict[str, str], 
     return ready, skipped, failed
 
 
-TREE_NODES = 16  # suffix_tree's tree_max_nodes (the cached cost curve covers 17 rows)
+TREE_NODES = 16  # the "<method>_tree" methods' tree_max_nodes (the cached cost curve covers 17 rows)
+
+
+def our_methods() -> dict[str, dict | None]:
+    """Our methods by name, from the drafter registry: "plain" (no drafter: every speedup's
+    baseline), each registered drafter, "<name>_tree" for a drafter that proposes token trees (up
+    to TREE_NODES nodes, sized by their probabilities), and "<name>_<variant>" for each variant a
+    drafter declares (suffix_cold: no earlier responses kept). Value: SpeculativeConfig options."""
+    methods: dict[str, dict | None] = {"plain": None}
+    for name, drafter in PROPOSERS.items():
+        methods[name] = {"method": name}
+        if drafter.proposes_trees:
+            methods[f"{name}_tree"] = {"method": name, "tree_max_nodes": TREE_NODES}
+        for variant, options in drafter.variants.items():
+            methods[f"{name}_{variant}"] = {"method": name, **options}
+    return methods
+
+
+def _drafter_options(cfg: BenchConfig, options: dict) -> dict:
+    """The draft model or head a method's drafter reads (`Proposer.draft_model_kind`): --draft-model
+    for a model, --eagle-head for a head; a drafter that drives another (the hybrid) takes the head
+    when given, else the draft model through the drafter that reads a model."""
+    kind = PROPOSERS[options["method"]].draft_model_kind
+    if kind == "model":
+        if not cfg.draft_model:
+            raise Unavailable("no --draft-model given (none of the bundled models shares a vocabulary)")
+        return {"draft_model": cfg.draft_model}
+    if not kind:
+        return {}
+    if kind == "head" or cfg.eagle_head or not cfg.draft_model:
+        return {"draft_model": cfg.eagle_head}
+    model_drafter = next(name for name, d in PROPOSERS.items() if d.draft_model_kind == "model")
+    return {"draft_model": cfg.draft_model, "hybrid_drafter": model_drafter}
 
 
 def _add_methods(cfg: BenchConfig, llm, eos: list[int], llms: dict, methods: list[Method],
                  skipped: dict[str, str]) -> None:
     """--methods into `methods`, in order (a peer's child is started, not waited for)."""
+    ours = our_methods()
     for name in cfg.methods:
         base, family = split_family(name)
         try:
-            if base == "plain":
+            if base in ours and ours[base] is None:  # plain decoding
                 methods.append(OursMethod(name, family_llm(cfg, llm, family, llms), None, cfg.prefix_caching))
-            elif base in ("prompt_lookup", "draft_model", "suffix", "suffix_cold", "suffix_tree", "eagle3", "eagle3_tree", "hybrid"):
-                if base == "draft_model" and not cfg.draft_model:
-                    raise Unavailable("no --draft-model given (none of the bundled models shares a vocabulary)")
-                model_drafter = cfg.eagle_head if base in ("eagle3", "eagle3_tree", "hybrid") else cfg.draft_model
-                # suffix keeps the earlier responses of the whole run (its global tree warms as the
-                # run goes); suffix_cold keeps none, as a server that just started
-                # suffix_tree: the same store, drafting token trees of up to TREE_NODES nodes
-                # eagle3_tree: the head's chain with each level's runner-up, sized by its own probabilities
-                # hybrid: suffix where confident, else the EAGLE-3 head (--eagle-head; else --draft-model)
-                extra = {"suffix_cold": {"suffix_decoding_max_cached_requests": 0},
-                         "suffix_tree": {"tree_max_nodes": TREE_NODES}, "eagle3_tree": {"tree_max_nodes": TREE_NODES}}.get(base, {})
-                if base == "hybrid" and not cfg.eagle_head and cfg.draft_model:
-                    extra, model_drafter = {"hybrid_drafter": "draft_model"}, cfg.draft_model
-                spec = SpeculativeConfig(
-                    method=base.removesuffix("_cold").removesuffix("_tree"), num_speculative_tokens=cfg.k,
-                    draft_model=model_drafter,
-                    adaptive_k=cfg.adaptive_k, cost_profile=family_profile(cfg.cost_profile, family, cfg.model), **extra,
-                )
+            elif base in ours:
+                options = {**ours[base], **_drafter_options(cfg, ours[base])}
+                spec = SpeculativeConfig(num_speculative_tokens=cfg.k, adaptive_k=cfg.adaptive_k,
+                                         cost_profile=family_profile(cfg.cost_profile, family, cfg.model), **options)
                 methods.append(OursMethod(name, family_llm(cfg, llm, family, llms), spec, cfg.prefix_caching))
-            elif name in PEER_NAMES:
-                _check_peer(cfg, name)
+            elif name in PEERS:
+                PEERS[name].check(cfg.model, cfg.draft_model)
                 methods.append(IsolatedPeer(name, cfg.model, eos, cfg.draft_model, timeout=cfg.peer_timeout))
             else:
-                raise Unavailable(f"unknown method {name!r}")
+                known = ", ".join([*ours, *PEERS])
+                raise Unavailable(f"unknown method {name!r} (known: {known}; ours may take @backend[:format])")
         except Unavailable as e:
             skipped[name] = str(e)
-
-
-def _check_peer(cfg: BenchConfig, name: str) -> None:
-    """What is known without starting the peer's child: Unavailable if it cannot run here."""
-    import importlib.util
-
-    from verispec.models.registry import resolve
-
-    if name.startswith("llamacpp"):
-        if importlib.util.find_spec("llama_cpp") is None:
-            raise Unavailable("llama-cpp-python is not installed (pip install llama-cpp-python)")
-        if resolve(cfg.model).suffix.lower() != ".gguf":
-            raise Unavailable("llama.cpp needs a GGUF target")
-    elif name == "hf_assisted" and not cfg.draft_model:
-        raise Unavailable("no same-vocabulary assistant (--draft-model) for this target")
 
 
 def close_peers(methods: list[Method]) -> None:
@@ -336,7 +328,7 @@ def _run_methods(cfg: BenchConfig, llm, methods: list[Method], skipped: dict[str
             tok_sum[m.name] = (n + len(tokens), t + wall)
             rss = getattr(m, "peak_rss_mb", None) or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             records[m.name] = (Record(q["question_id"], subtask(q), m.name, len(tokens), wall, ttft, forwards, lengths,
-                                      per_pos, rss, cached_prompt_tokens=cached), tokens)
+                                      per_pos, rss, cached_prompt_tokens=cached, token_ids=list(tokens)), tokens)
             bar.update(1)
         for m in methods:
             rec, tokens = records[m.name]
@@ -375,8 +367,27 @@ def save(result: BenchResult, out: Path) -> None:
         "weight_bytes": result.weight_bytes,
         "records": [{**asdict(r), "tokens_per_s": r.tokens_per_s} for r in result.records],
         "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "commit": code_commit(),
+        "cpu": cpu_name(),
     }
     (out / "results.json").write_text(json.dumps(data, indent=1))
+
+
+def code_commit() -> str | None:
+    """The commit of the code that ran (with "+changes" where the working tree differs), where the
+    package lies in a git checkout; else None."""
+    import subprocess
+
+    here = Path(__file__).parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=here.parent, capture_output=True, text=True,
+                               timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
 
 
 def load(path: Path) -> BenchResult:

@@ -108,7 +108,7 @@ def run(engine: EngineConfig, server: ServerConfig, cluster: ClusterConfig) -> i
     started_here = cluster.ray_address is None
     if started_here:
         # Ray starts its workers at nice 15: a replica's engine would then yield the cores to Ray's own
-        # processes and the HTTP client (measured here: 26% slower than one process at concurrency 1)
+        # processes and the HTTP client (docs/results/cluster/README.md)
         os.environ.setdefault("RAY_worker_niceness", "0")
         for name, value in SERVE_ENV.items():  # the proxy's too
             os.environ.setdefault(name, value)

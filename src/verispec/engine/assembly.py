@@ -3,9 +3,9 @@
     engine = build_engine(EngineConfig(model="smollm2-135m", speculative=SpeculativeConfig(method="prompt_lookup")))
     engine.decoder.generate(engine.tokenizer.encode("The capital of France is"), SamplingParams(max_tokens=8))
 
-`build_engine` builds the target runner on the configured backend (engine/backends/), the
-drafter (proposers/), the speculation-length policy on the runner's cost curve (engine/policy.py,
-engine/costs.py) and the decoder (engine/speculative.py). The library (`LLM`), the server, the
+`build_engine` builds the target runner on the configured backend (runners/), the drafter
+(proposers/), the speculation-length policy on the runner's cost curve (engine/policy.py,
+runners/costs.py) and the decoder (engine/decoder.py). The library (`LLM`), the server, the
 bench, the demo and the scripts all build their engines here; `build_decoder` gives another
 drafter (or none) a decoder on a runner already loaded, as the bench and demo compare methods on
 one set of weights.
@@ -19,21 +19,14 @@ from pathlib import Path
 import torch
 
 from verispec.config import EngineConfig, SpeculativeConfig
-from verispec.engine.backends import RunnerConfig, build_runner
-from verispec.engine.costs import CostProfile, backend_cost, cached_cost, measured_cost, profile_cost
+from verispec.engine.decoder import SpeculativeDecoder
 from verispec.engine.policy import SpeculationPolicy
 from verispec.engine.prefix_cache import PrefixCache
-from verispec.engine.runner import ModelRunner
-from verispec.engine.speculative import SpeculativeDecoder
 from verispec.errors import ConfigError
-from verispec.models.tokenizer import Tokenizer
-from verispec.models.transformer import PROMPT_ROWS
-from verispec.proposers.base import Proposer, create_proposer
-
-# chunked prefill's rows per forward, the widest chunk every kernel model takes through its decoding
-# kernels: a chunk costs running streams about this many verified rows (a model whose prompts take
-# those kernels whole, SmolLM2 on gguf-int8, could take 639)
-CHUNKED_PREFILL_ROWS = PROMPT_ROWS - 1
+from verispec.proposers import Proposer, create_proposer
+from verispec.runners import ModelRunner, RunnerConfig, build_runner, check_options
+from verispec.runners.base import Tokenizer
+from verispec.runners.costs import CostProfile, cached_cost, default_cost, measured_cost, profile_cost
 
 
 @dataclass
@@ -48,17 +41,17 @@ class Engine:
     @property
     def runners(self) -> list[ModelRunner]:
         """The target's runner and the drafter's, if it has one (for cache statistics)."""
-        drafter = getattr(self.proposer, "runner", None)
+        drafter = self.proposer.runner if self.proposer is not None else None
         return [self.runner] + ([drafter] if drafter is not None else [])
 
     @property
     def cache_bytes(self) -> int:
         """Memory held by the open sequences' KV caches, target and drafter."""
-        return sum(getattr(r, "cache_bytes", 0) for r in self.runners)
+        return sum(r.cache_bytes for r in self.runners)
 
     @property
     def open_sequences(self) -> int:
-        return sum(getattr(r, "open_sequences", 0) for r in self.runners)
+        return sum(r.open_sequences for r in self.runners)
 
 
 def runner_config(config: EngineConfig) -> RunnerConfig:
@@ -71,6 +64,7 @@ def build_engine(config: EngineConfig, runner: ModelRunner | None = None) -> Eng
     then the runner's, not config's)."""
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
+    check_options(config.backend, config.weights_format, config.enable_prefix_caching or config.enable_chunked_prefill)
     if runner is None:
         runner = build_runner(config.backend, runner_config(config))
     decoder = build_decoder(runner, config.speculative, config)
@@ -84,19 +78,21 @@ def build_decoder(runner: ModelRunner, spec: SpeculativeConfig | None, engine: E
     engine = engine or EngineConfig()
     prefix_cache, prefill_rows = None, None
     if engine.enable_prefix_caching or engine.enable_chunked_prefill:
-        prefill_rows = getattr(runner, "invariant_prefill_rows", None)
+        caps = runner.capabilities
+        prefill_rows = caps.prefill_rows
         if prefill_rows is None:
-            raise ConfigError("prefix caching and chunked prefill need the row-wise kernels (float32 on the CPU) "
-                              "with batch_invariant on")
+            raise ConfigError(f"prefix caching and chunked prefill need a runner whose prompts go through its decoding "
+                              f"kernels: the {runner.backend} backend's row-wise kernels (float32 on the CPU) with "
+                              f"batch_invariant on")
         if engine.enable_chunked_prefill:  # chunks short enough that running streams hardly wait
-            prefill_rows = min(prefill_rows, CHUNKED_PREFILL_ROWS)
+            prefill_rows = caps.chunk_rows or prefill_rows
         if engine.enable_prefix_caching:
             prefix_cache = PrefixCache(runner, engine.prefix_cache_max_bytes)
     options = dict(logprobs_mode=engine.logprobs_mode, prefix_cache=prefix_cache, prefill_rows=prefill_rows)
     if spec is None:
         return SpeculativeDecoder(runner, **options)
     proposer = create_proposer(spec, runner) if spec.method else None
-    policy = build_policy(spec, getattr(proposer, "relative_cost", 0.0), runner)
+    policy = build_policy(spec, proposer.relative_cost if proposer is not None else 0.0, runner)
     return SpeculativeDecoder(runner, proposer, spec.num_speculative_tokens, policy, tree_nodes=spec.tree_max_nodes, **options)
 
 
@@ -106,7 +102,7 @@ def build_policy(spec: SpeculativeConfig, draft_cost: float = 0.0, runner: Model
     "builtin" (the backend's built-in curve), or a profile file."""
     k = spec.num_speculative_tokens if spec.method else 0
     rows = max(k, spec.tree_max_nodes if spec.method else 0) + 1  # the most rows a verification forwards
-    cost = backend_cost(runner)
+    cost = runner.builtin_cost() if runner is not None else default_cost
     timed = spec.method and spec.adaptive_k and runner is not None
     if spec.cost_profile in ("auto", "measured"):
         if runner is None and spec.cost_profile == "auto":
@@ -119,4 +115,4 @@ def build_policy(spec: SpeculativeConfig, draft_cost: float = 0.0, runner: Model
         except (OSError, ValueError, TypeError, KeyError) as e:
             raise ConfigError(f"cannot read the cost profile {spec.cost_profile}: {e}") from e
     return SpeculationPolicy(k, adaptive=spec.adaptive_k, disable_by_batch_size=spec.disable_by_batch_size, cost=cost,
-                             draft_cost=draft_cost, chunks=getattr(runner, "verify_chunks", None))
+                             draft_cost=draft_cost, chunks=runner.verify_chunks if runner is not None else None)

@@ -17,7 +17,7 @@ from verispec.engine.assembly import build_engine
 from verispec.engine.logprobs import TokenLogprob
 from verispec.engine.metrics import RequestMetrics
 from verispec.engine.scheduler import Event, Handle, Scheduler
-from verispec.engine.speculative import Request
+from verispec.engine.decoder import Request
 from verispec.errors import ConfigError, InvalidPromptError, InvalidSamplingParamsError
 
 # the EngineConfig fields LLM(...) takes as keyword options (model and speculative are its own arguments)

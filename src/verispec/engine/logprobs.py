@@ -10,8 +10,12 @@ Tokens a processed distribution rules out have log-probability -inf.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from verispec.runners.base import ModelRunner
 
 
 @dataclass
@@ -31,3 +35,18 @@ def row_logprobs(row: torch.Tensor, token: int, num_top: int, log_probs: bool = 
         values, ids = torch.topk(lp, num_top)
         top = list(zip(ids.tolist(), values.tolist()))
     return TokenLogprob(token, float(value), int((lp > value).sum()) + 1, top)
+
+
+def prompt_logprobs(target: "ModelRunner", prompt_ids: list[int], num_top: int) -> list[TokenLogprob | None]:
+    """Raw logprobs of each prompt token after the first, from a separate scoring pass, so the
+    request's own prefill (and so its output) is the one every other request gets."""
+    out: list[TokenLogprob | None] = [None]
+    if len(prompt_ids) < 2:
+        return out
+    seq = target.open(len(prompt_ids))
+    try:
+        logits = target.forward(seq, prompt_ids, num_logits=len(prompt_ids) - 1).logits  # [n - 1, vocab]
+    finally:
+        target.close(seq)
+    out += [row_logprobs(logits[j], prompt_ids[j + 1], num_top) for j in range(len(prompt_ids) - 1)]
+    return out

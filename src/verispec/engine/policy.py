@@ -2,7 +2,7 @@
 not pay.
 
 A step that verifies k draft tokens costs the target a forward over k + 1 tokens, `cost(k + 1)`
-in units of a one-token forward (engine/costs.py: the backend's built-in curve, a profile, or
+in units of a one-token forward (runners/costs.py: the backend's built-in curve, a profile, or
 timed at start-up), plus k draft tokens at `draft_cost` + `DRAFT_OVERHEAD` each (the drafter's own
 estimate, `Proposer.relative_cost`: 0 for prompt lookup, the draft model's weight bytes over the
 target's for draft_model; fixed, not timed, so with a fixed cost curve a seeded request's k
@@ -20,9 +20,14 @@ older drafts decayed so the estimate follows the text. A request whose drafts st
 probed with a one-token draft after `probe_every` steps, then twice as long after each probe
 that fails (up to `max_probe_every`), so it can come back at little cost. Where even a high
 acceptance (`PROBE_RATE`) would gain less than `MIN_PROBE_GAIN` over plain decoding (`gain`: a steep
-verification curve, such as llama.cpp's here, where verifying one draft costs 2.1 (SmolLM2) and
-2.5 (Gemma 3) one-token forwards), it does not probe at all: each probe costs more than a token,
+verification curve, such as llama.cpp's, where verifying one draft costs about two one-token
+forwards: docs/design/k-policy.md), it does not probe at all: each probe costs more than a token,
 for a gain that could only be small.
+
+One path for every drafter and step (engine/decoder.py's `_propose`): `budget` gives the drafter
+the longest draft that could pay and, per kind of draft, the k its own estimate and draft cost pay
+for (`Budget.pays`); the drafter drafts; `size` keeps what pays of it (a chain cut to its kind's k,
+or, where its tokens carry probabilities, the nodes those pay for).
 
 Choosing k from past acceptance only (never from the current draft's sampled tokens) keeps
 verification lossless: the output distribution does not depend on k. A deterministic draft
@@ -33,7 +38,7 @@ Example: a = 0.8, cost(n) = 1 + 0.15 (n - 1), draft_cost 0: E(4) = 3.36 for cost
 per unit), E(2) = 2.44 for cost 1.3 (1.88): k = 4 wins. At a = 0.1 every k > 0 loses to plain.
 
 Token trees (`tree_shape`), and the chains of a drafter that gives each token's probability
-(`sizes_by_node_probs`: suffix decoding, alone or in the hybrid), are sized the same way from the
+(`node_probs`: suffix decoding, alone or in the hybrid), are sized the same way from the
 drafter's own estimates: a tree drafter gives each node the probability that it is accepted (its
 path's estimate), nodes best first, so the first n nodes are the best tree of n. A tree of n nodes
 yields 1 + sum of its nodes' probabilities on average (each node counts when the accepted path
@@ -42,10 +47,10 @@ per unit of cost. The drafter's probabilities are scaled by the request's calibr
 kind): accepted tokens over the probabilities' sum, decayed over past trees as the rate above,
 apart for each group of nodes whose estimates are calibrated differently (Draft.node_groups): the
 main path (each node's likeliest child from the root), the branches off it, and the nodes a
-drafter guessed past the text it matched (suffix decoding's nodes deeper than the match: on
-SmolLM2's repetitive workload accepted 25% of the time for an estimated 75%, against 59% for 90%
-within the match). Example: node probabilities [0.9, 0.6, 0.3, 0.1], calibration 1, the cost above
-with DRAFT_OVERHEAD per node: n = 2 yields 2.5 for 1.4 (1.79 per unit), n = 3 yields 2.8 for 1.6
+drafter guessed past the text it matched (suffix decoding's nodes deeper than the match, whose
+estimates overshoot their acceptance far more than those within it: docs/design/trees.md).
+Example: node probabilities [0.9, 0.6, 0.3, 0.1], calibration 1, the cost above with
+DRAFT_OVERHEAD per node: n = 2 yields 2.5 for 1.4 (1.79 per unit), n = 3 yields 2.8 for 1.6
 (1.75): 2 nodes. Where the best first nodes all lie on the main path, it is verified as a chain
 (`tree_shape`).
 """
@@ -57,17 +62,18 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Callable
 
-from verispec.engine.costs import default_cost
+from verispec.proposers.base import Budget, Draft
+from verispec.runners.costs import default_cost
 
 PRIOR_ACCEPTED = 0.5  # a new request starts at a = 0.5, a prior worth one draft token
 PRIOR_REJECTED = 0.5
 DECAY = 0.9  # weight of past drafts kept per new draft
 # Each draft token also costs bookkeeping outside the forward (building the batch, the verifier,
-# the drafter's call): measured here with drafts that always fail, verifying one draft token per
-# step cost ~9% against plain decoding although a 2-token forward costs what a 1-token one does.
+# the drafter's call), even where a 2-token forward costs what a 1-token one does; chosen from
+# drafts that always fail (docs/design/k-policy.md, "Where the constants come from").
 DRAFT_OVERHEAD = 0.05
-# No probing where drafting at this acceptance (above prompt lookup's per-token rate on its best
-# Spec-Bench subtasks here, 0.75-0.85) would gain less than this over plain decoding.
+# No probing where drafting at this acceptance (above what prompt lookup reaches on its best
+# Spec-Bench subtasks: docs/design/k-policy.md) would gain less than this over plain decoding.
 PROBE_RATE = 0.95
 MIN_PROBE_GAIN = 1.1
 
@@ -107,11 +113,6 @@ class AcceptanceEstimate:
     def calibration(self) -> float:
         """The main path's calibration."""
         return self.calibration_of("main")
-
-    @property
-    def branch_calibration(self) -> float:
-        """The same for nodes off the main path (siblings' estimates can be worse calibrated)."""
-        return self.calibration_of("branch")
 
     def observe(self, num_draft: int, num_accepted: int) -> None:
         self.accepted = DECAY * self.accepted + num_accepted
@@ -194,8 +195,9 @@ class SpeculationPolicy:
 
     def gain(self, a: float, early_exit: bool = False, draft_cost: float | None = None) -> float:
         """The best k's tokens per unit of cost over plain decoding's, at acceptance a.
-        Example, at a = 0.95 and max_k = 4: 2.9 on the torch backend's SmolLM2 curve (verifying 4
-        drafts costs 1.37 forwards), 1.08 on llama.cpp's Q8_0 one (4.09 forwards)."""
+        Example, at a = 0.95, max_k = 4 and the module's cost(n) = 1 + 0.15 (n - 1): k = 4 yields
+        4.52 tokens for 1.6 + 4 DRAFT_OVERHEAD = 1.8, a gain of 2.5; on a curve where each row
+        costs nearly a forward the gain stays near 1."""
         rates = self.rates(a, early_exit, draft_cost)
         return max(rates) / rates[0]
 
@@ -209,15 +211,52 @@ class SpeculationPolicy:
             return self.max_k
         return self._paying(self.best_k(estimate.rate, early_exit, draft_cost), estimate, early_exit, draft_cost)
 
-    def tree_size(self, node_probs: list[float], estimate: AcceptanceEstimate, batch_size: int,
-                  groups: list[str] | None = None) -> int:
-        """How many of a tree draft's nodes (best first: any first n are a tree) to verify as a
-        tree; `groups`: each node's (Draft.node_groups; None: all "main")."""
-        if not node_probs or (self.disable_by_batch_size is not None and batch_size > self.disable_by_batch_size):
-            return 0
-        if not self.adaptive:
-            return len(node_probs)
-        return self._paying(self._best_tree(node_probs, estimate, groups)[0], estimate, False)
+    def budget(self, estimate_of: Callable[[str], AcceptanceEstimate], batch_size: int, room: int,
+               early_exit: bool, nodes: int = 0, kind_cost: Callable[[str], float] | None = None) -> Budget:
+        """What a drafter may propose for one request at this step (proposers/base.py's Budget).
+
+        A chain is as long as the policy's longest paying draft (k at acceptance 1) and `room`
+        (tokens the request can still emit); a tree (`nodes` > 0) as deep as max_k, its nodes sized
+        after drafting (`size`). `pays(kind)` is the k a draft of that kind pays for now, from the
+        kind's own estimate (`estimate_of`) and draft cost (`kind_cost`; None: `draft_cost`), asked
+        once per kind and step (choose() counts steps for probing)."""
+        if nodes:
+            depth, nodes = min(self.max_k, room), min(nodes, room)
+        else:
+            depth = min(self.choose(AcceptanceEstimate(1.0, 0.0), batch_size, early_exit), room)
+        depth = max(depth, 0)
+        chosen: dict[str, int] = {}
+
+        def pays(kind: str) -> int:
+            if kind not in chosen:
+                cost = None if kind_cost is None else kind_cost(kind)
+                chosen[kind] = min(self.choose(estimate_of(kind), batch_size, early_exit, cost), depth)
+            return chosen[kind]
+
+        return Budget(depth, nodes if depth > 0 else 0, pays)
+
+    def size(self, draft: Draft, estimate: AcceptanceEstimate, budget: Budget, batch_size: int,
+             early_exit: bool) -> Draft:
+        """What of a drafter's draft to verify. A draft whose tokens carry probabilities
+        (`node_probs`: trees, suffix decoding's chains) keeps the nodes those pay for (`tree_shape`,
+        calibrated by its kind's `estimate`): a tree's first n nodes, or the first n of its main
+        path as a chain; any other chain is cut to the k its kind pays for. A tree without
+        probabilities is not verified. Example: a chain with node_probs [0.9, 0.6, 0.3, 0.1] on
+        the cost of the module's example keeps 2 tokens."""
+        if not len(draft):
+            return draft
+        if draft.node_probs is None:
+            if draft.parents is not None:
+                return Draft(tokens=[])
+            return draft.first(min(budget.pays(draft.kind), len(draft)))
+        main = draft.main_path()
+        n, as_chain = self.tree_shape(draft.node_probs, estimate, batch_size, draft.node_groups(), main, early_exit=early_exit)
+        if n <= 0:
+            return Draft(tokens=[])
+        if as_chain and draft.parents is not None:  # the main path's first n nodes (node_probs kept for the calibration)
+            path = draft.subset([i for i, m in enumerate(main) if m][:n])
+            return Draft(path.tokens, node_probs=path.node_probs, kind=path.kind, past_match=path.past_match)
+        return draft.first(n)
 
     def tree_shape(self, node_probs: list[float], estimate: AcceptanceEstimate, batch_size: int,
                    groups: list[str] | None = None, main: list[bool] | None = None,
@@ -291,7 +330,7 @@ class SpeculationPolicy:
             estimate.steps_without_draft = 0
             estimate.probe_interval = self.probe_every
             return k
-        if self.gain(PROBE_RATE, early_exit, draft_cost) < MIN_PROBE_GAIN:  # drafting could gain little here: no probe (~3 us)
+        if self.gain(PROBE_RATE, early_exit, draft_cost) < MIN_PROBE_GAIN:  # drafting could gain little here: no probe
             return 0
         estimate.steps_without_draft += 1
         interval = estimate.probe_interval or self.probe_every

@@ -8,7 +8,7 @@ reached and ages out in turn.
 
 Exactness: reused keys and values must be the ones the request would have computed itself. The
 engine therefore prefills prompts through the decoding kernels (rows computed one by one with the
-arithmetic of a one-token decode, `ModelRunner.invariant_prefill_rows`) whenever prefix caching is
+arithmetic of a one-token decode, `RunnerCapabilities.prefill_rows`) whenever prefix caching is
 on, so a position's keys and values do not depend on how the prompt was split, on whether they
 came from a prompt or from decoding, or on what else ran in the batch.
 

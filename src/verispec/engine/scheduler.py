@@ -28,7 +28,7 @@ from typing import Callable
 
 from verispec.config import SamplingParams
 from verispec.engine.metrics import RequestMetrics
-from verispec.engine.speculative import Request, SpeculativeDecoder
+from verispec.engine.decoder import Request, SpeculativeDecoder
 from verispec.errors import QueueFullError, VerispecError
 
 log = logging.getLogger("verispec")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from verispec.config import SamplingParams
-from verispec.models.tokenizer import Tokenizer
+from verispec.runners.base import Tokenizer
 
 
 @dataclass

@@ -77,12 +77,6 @@ class ModelConfig:
     def scale(self) -> float:
         return self.attn_scale if self.attn_scale is not None else self.head_dim**-0.5
 
-    def num_params(self) -> int:
-        h, d = self.hidden_size, self.head_dim
-        per_layer = h * d * (self.num_heads * 2 + self.num_kv_heads * 2) + 3 * h * self.intermediate_size
-        emb = self.vocab_size * h * (1 if self.tie_embeddings else 2)
-        return per_layer * self.num_layers + emb
-
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1)
 

@@ -1,10 +1,9 @@
 """Handing freed heap pages back to the system after the large, short-lived allocations of a load.
 
 glibc keeps what a process frees for its next allocations, so a load that briefly needs much
-more than it keeps stays at its high-water mark for good. Measured on Gemma 3 270M: building
-its tokenizer (262,144 tokens, 514,906 merges) takes ~290 MiB while parsing and keeps ~90 MiB;
-probing the kernels' row invariance over its 262,144-row output matrix leaves ~24 MiB of
-freed logits behind."""
+more than it keeps stays at its high-water mark for good: parsing a large vocabulary's tokenizer,
+or probing the kernels' row invariance over a large output matrix, leaves tens to hundreds of MiB
+of freed memory behind (docs/design/quant.md, "Loading")."""
 
 from __future__ import annotations
 

@@ -1,24 +1,30 @@
 """The one drafter protocol, and the registry that maps method names to drafters.
 
 A drafter's lifecycle has four verbs (as llama.cpp's common/speculative.h): `begin` a request,
-`propose` a draft, learn how much of it was `accept`ed, `end` the request. A new method is a new
-file that registers a class; the engine never branches on method names.
+`propose` a draft within the step's `Budget`, learn how much of it was `accept`ed, `end` the
+request. A new method is a new file that registers a `Proposer` subclass; the engine never
+branches on method names, and never probes a drafter: what a drafter can do is declared on its
+class (`proposes_trees`, `target_states`, `shared_sources`, `relative_cost`, `kind_cost`).
 
-Beyond chains:
-- token trees: a drafter that can branch (`proposes_trees`) also has `propose_tree`, whose Draft
-  has `parents` (None = a chain; a chain is the degenerate tree) and `node_probs`; the decoder
-  sizes the tree by cost (engine/policy.py), verifies it in one forward and keeps one path;
-- drafters that read the target's hidden states (EAGLE): a `target_states` attribute (layer ids
-  whose input residual streams it reads, or "final" for the last hidden state); the decoder then
-  hands it the states of every kept position through `SequenceView.states`;
-- drafters with another tokenizer: they get token ids *and* the target's tokenizer through
-  the view, and return target-vocabulary token ids.
+One drafting path (engine/decoder.py): the policy gives a budget, the drafter returns a draft (a
+chain is a tree with one branch), the policy sizes it (engine/policy.py), one forward verifies it.
+- Drafts carry a `kind` ("source:detail", or "" for a drafter's only kind): each kind keeps its
+  own acceptance estimate, and a draft token of a kind costs `kind_cost(kind)`. A drafter whose
+  tokens cost (a model) asks `budget.pays(kind)` before drafting and drafts no more; a free one
+  (suffix decoding) drafts up to `budget.depth` and lets the policy cut.
+- Token trees: a drafter with `proposes_trees` may return `parents` (None = a chain) with
+  `node_probs` when the budget allows nodes (`budget.nodes` > 0); the policy sizes the tree by
+  cost, one forward verifies it and one path is kept. A chain carrying `node_probs` is sized by
+  them the same way.
+- Drafters that read the target's hidden states (EAGLE) name them in `target_states` (layer ids
+  whose input residual streams they read, or "final"); the decoder then hands them the states of
+  every kept position through `SequenceView.states`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, ClassVar, Protocol
+from typing import TYPE_CHECKING, Callable, ClassVar
 
 import torch
 
@@ -26,7 +32,7 @@ from verispec.errors import InvalidSpeculativeConfigError
 
 if TYPE_CHECKING:
     from verispec.config import SamplingParams, SpeculativeConfig
-    from verispec.engine.runner import ModelRunner
+    from verispec.runners.base import ModelRunner
 
 
 @dataclass
@@ -36,16 +42,15 @@ class Draft:
     parents: list[int] | None = None  # tree drafts: parent node of each token, -1 = the root (the pending token)
     # Each node's estimated probability of being accepted (the product of its path's estimates);
     # a tree's nodes listed best first with every parent before its children, so any first n nodes
-    # are a tree: the decoder keeps the n the cost curve pays for. Trees always; chains from a
-    # drafter with `sizes_by_node_probs`, which the decoder sizes the same way.
+    # are a tree: the policy keeps the n the cost curve pays for. Trees always; a chain that carries
+    # them (suffix decoding's) is sized the same way.
     node_probs: list[float] | None = None
     # Drafts of one kind share an acceptance estimate in the k policy (engine/policy.py). A drafter
     # whose drafts differ in reliability labels them (suffix decoding: long or short matches, in the
-    # request's own text or in earlier responses) and sets `labels_drafts`: it is then asked for up
-    # to the policy's largest k, and its draft cut to the k its kind's estimate pays for. A kind
-    # reads "source:detail" ("request:long"): a kind first drafted starts from what its source's
-    # other kinds showed in the request (SpeculativeDecoder._estimate).
-    kind: str | None = None
+    # request's own text or in earlier responses); "" is a drafter's only kind. A kind reads
+    # "source:detail" ("request:long"): a kind first drafted starts from what its source's other
+    # kinds showed in the request (engine/request.py's Estimates).
+    kind: str = ""
     # Nodes deeper than this were guessed past the text the drafter matched (suffix decoding's
     # drafts longer than their match); their estimates are calibrated apart (node_groups).
     past_match: int | None = None
@@ -135,34 +140,71 @@ class SequenceView:
     # is at position `states_start` + (states consumed so far). A prefix-cached prompt part has none.
     states: list[torch.Tensor] = field(default_factory=list)
     states_start: int = 0
-    # For drafters that label their drafts: the k the policy pays for a draft of a kind at this
-    # step (asked once per kind and step), so a drafter whose tokens cost can draft no more.
-    k_for: Callable[[str], int] | None = None
 
 
-class Proposer(Protocol):
-    name: ClassVar[str]
-    relative_cost: float  # cost of drafting one token, in one-token target forwards (for the k policy)
-    labels_drafts: ClassVar[bool]  # its drafts carry a `kind` (optional: False where absent)
-    # optional `kind_cost(kind) -> float`: a labelling drafter whose kinds cost differently (hybrid)
-    proposes_trees: ClassVar[bool]  # it has propose_tree (optional: False where absent)
-    # optional `sizes_by_node_probs`: a labelling drafter whose chains carry node_probs; the adaptive
-    # policy then sizes each chain that carries them by them (calibrated per kind), not by its kind's rate
-    # optional `shared_sources`: sources of a labelling drafter's kinds that every request draws from
-    # (suffix decoding's earlier responses): the decoder keeps one acceptance estimate per such kind
-    # for all requests (never drafted for a seeded sampled request, whose k choices must not depend
-    # on other requests)
+@dataclass(frozen=True)
+class Budget:
+    """What the policy lets a drafter propose at one step (engine/policy.py's `budget`).
+
+    Example: depth 6, nodes 0, pays("request:long") == 4: a chain of at most 6 tokens; a drafter
+    whose tokens cost drafts 4 of the kind it is about to draft, a free one drafts up to 6 and the
+    policy keeps what its kind's estimate or its probabilities pay for."""
+
+    depth: int  # the longest draft (a tree: its deepest path) the step may verify; 0: no draft
+    nodes: int = 0  # a tree's most nodes; 0: chains only (trees off, or the request processes logits)
+    pays: Callable[[str], int] = lambda kind: 0  # draft tokens of this kind that pay now (at most depth)
+
+    @classmethod
+    def chain(cls, k: int) -> "Budget":
+        """A chain of up to k tokens, whatever the kind (a drafter driving another)."""
+        return cls(k, 0, lambda kind: k)
+
+
+class Proposer:
+    """The base of every drafter: its declared capabilities (class attributes), and the verbs.
+
+    A subclass sets what it can do on its class; the defaults declare a chain drafter whose drafts
+    are free, of one kind (""), and read nothing of the target but its tokens."""
+
+    name: ClassVar[str] = ""
+    relative_cost: float = 0.0  # a draft token's cost in one-token target forwards (the k policy's)
+    proposes_trees: ClassVar[bool] = False  # may return token trees when the budget allows nodes
+    # the target's states it reads: layer ids (residual streams entering them) or "final"; None: none
+    target_states: tuple[int, ...] | str | None = None
+    # sources of its kinds that every request draws from (suffix decoding's earlier responses): the
+    # decoder keeps one acceptance estimate per such kind for all requests (never drafted for a
+    # seeded sampled request, whose k choices must not depend on other requests)
+    shared_sources: ClassVar[frozenset[str]] = frozenset()
+    runner: "ModelRunner | None" = None  # its own model's runner, if it has one (cache statistics)
+    # what SpeculativeConfig.draft_model names for it: "" nothing, "model" a model sharing the
+    # target's vocabulary (required), "head" an EAGLE head folder (default: the bundled head),
+    # "drafter" the model or head of another drafter it drives (the hybrid's hybrid_drafter)
+    draft_model_kind: ClassVar[str] = ""
+    # named option sets of its SpeculativeConfig that the bench runs as methods "<name>_<variant>"
+    variants: ClassVar[dict[str, dict]] = {}
+
+    @property
+    def memory_bytes(self) -> int:
+        """Memory its state shared by all requests holds (suffix decoding's earlier responses)."""
+        return 0
+
+    @property
+    def cached_tokens(self) -> int:
+        """Tokens in that shared state."""
+        return 0
+
+    def kind_cost(self, kind: str) -> float:
+        """A draft token's cost for drafts of `kind` (a hybrid's kinds cost differently)."""
+        return self.relative_cost
 
     def begin(self, seq: SequenceView) -> None:
         """A new request; `seq.tokens` is its prompt."""
 
-    def propose(self, seq: SequenceView, k: int) -> Draft:
-        """Up to k tokens continuing `seq.tokens` (fewer, even none, is allowed)."""
-
-    def propose_tree(self, seq: SequenceView, max_depth: int, max_nodes: int) -> Draft:
-        """(Drafters with `proposes_trees`.) A tree of up to max_nodes tokens, none deeper than
-        max_depth, with `parents` and `node_probs` both set (see Draft; a chain is a tree whose
-        parents are -1, 0, 1, ...), or an empty Draft. A draft lacking either is not verified."""
+    def propose(self, seq: SequenceView, budget: Budget) -> Draft:
+        """A draft continuing `seq.tokens` within `budget` (fewer tokens, even none, is allowed): a
+        chain, or with `proposes_trees` and `budget.nodes` > 0 a tree with `parents` and
+        `node_probs` both set (a tree lacking node_probs is not verified)."""
+        raise NotImplementedError
 
     def accept(self, seq: SequenceView, num_accepted: int) -> None:
         """The target kept the first `num_accepted` tokens of the last draft (of a tree: the
@@ -172,25 +214,25 @@ class Proposer(Protocol):
         """The request finished: free what it holds."""
 
 
-ProposerFactory = Callable[["SpeculativeConfig", "ModelRunner"], Proposer]
-PROPOSERS: dict[str, ProposerFactory] = {}
+PROPOSERS: dict[str, type[Proposer]] = {}  # method name -> drafter class (its `create` builds one)
 
 
 def register(name: str) -> Callable[[type], type]:
     def wrap(cls: type) -> type:
         cls.name = name
-        PROPOSERS[name] = cls.create  # type: ignore[attr-defined]
+        PROPOSERS[name] = cls
         return cls
 
     return wrap
 
 
 def create_proposer(config: "SpeculativeConfig", target: "ModelRunner") -> Proposer:
-    import verispec.proposers  # noqa: F401  (registers the built-in drafters)
-
-    factory = PROPOSERS.get(config.method or "")
-    if factory is None:
+    """The drafter `config.method` names (importing verispec.proposers registers the built-in ones)."""
+    cls = PROPOSERS.get(config.method or "")
+    if cls is None:
         raise InvalidSpeculativeConfigError(
             f"unknown speculative method {config.method!r}; known: {', '.join(sorted(PROPOSERS))}"
         )
-    return factory(config, target)
+    if cls.draft_model_kind == "model" and not config.draft_model:
+        raise InvalidSpeculativeConfigError(f"method {config.method} needs draft_model=<name or path>")
+    return cls.create(config, target)  # type: ignore[attr-defined]

@@ -15,16 +15,17 @@ from __future__ import annotations
 import torch
 
 from verispec.errors import ContextLengthError, IncompatibleDraftError
-from verispec.proposers.base import Draft, SequenceView, register
+from verispec.proposers.base import Budget, Draft, Proposer, SequenceView, register
 from verispec.sampling.processors import logits_to_probs, sample_from_probs
 
 
 @register("draft_model")
-class DraftModelProposer:
-    relative_cost = 1.0  # until create() knows the two models' sizes
+class DraftModelProposer(Proposer):
+    draft_model_kind = "model"
 
-    def __init__(self, runner) -> None:
+    def __init__(self, runner, relative_cost: float) -> None:
         self.runner = runner
+        self.relative_cost = relative_cost  # decoding is bound by reading the weights: their ratio
         self._seqs: dict[int, int] = {}  # request id -> drafter sequence id
         self._drafted_from: dict[int, int] = {}  # request id -> len(tokens) at the last propose
 
@@ -32,10 +33,7 @@ class DraftModelProposer:
     def create(cls, config, target) -> "DraftModelProposer":
         runner = target.build_drafter(config.draft_model)  # the drafter runs where the target runs
         check_same_vocabulary(target, runner)
-        proposer = cls(runner)
-        # decoding is bound by reading the weights: a draft token costs about their ratio
-        proposer.relative_cost = runner.weight_bytes / max(1, target.weight_bytes)
-        return proposer
+        return cls(runner, runner.weight_bytes / max(1, target.weight_bytes))
 
     def begin(self, seq: SequenceView) -> None:
         if seq.capacity > self.runner.max_context:
@@ -45,7 +43,10 @@ class DraftModelProposer:
             )
         self._seqs[seq.request_id] = self.runner.open(seq.capacity)
 
-    def propose(self, seq: SequenceView, k: int) -> Draft:
+    def propose(self, seq: SequenceView, budget: Budget) -> Draft:
+        k = budget.pays("")  # each token costs a forward of the draft model: no more than pay
+        if k <= 0:
+            return Draft(tokens=[])
         sid = self._seqs[seq.request_id]
         cached = self.runner.length(sid)
         new = seq.tokens[cached:]  # >= 1 token: the drafter never holds the last token

@@ -27,10 +27,10 @@ from pathlib import Path
 import torch
 
 from verispec.errors import ContextLengthError, IncompatibleDraftError, InvalidSpeculativeConfigError
-from verispec.models.eagle import EagleHead, default_aux_layers
-from verispec.models.eagle_io import load_head
-from verispec.models.kv_cache import KVCache
-from verispec.proposers.base import Draft, SequenceView, register
+from verispec.models.heads.eagle import EagleHead, default_aux_layers
+from verispec.models.heads.eagle_io import load_head
+from verispec.models.decoder.kv_cache import KVCache
+from verispec.proposers.base import Budget, Draft, Proposer, SequenceView, register
 from verispec.sampling.processors import logits_to_probs, sample_from_probs
 
 HEADS_DIR = Path(__file__).resolve().parent.parent / "heads"  # heads trained for the bundled models
@@ -57,7 +57,7 @@ def bundled_head(target) -> Path:
 def has_bundled_head(target) -> bool:
     """Whether verispec ships a head for this target and its backend can serve it (eagle3 needs
     the target's hidden states: the torch backend)."""
-    if not getattr(target, "returns_aux", False):
+    if not target.capabilities.hidden_states:
         return False
     try:
         bundled_head(target)
@@ -73,29 +73,28 @@ class _Seq:
     real: int  # rows of the cache holding the target's states; rows after them are drafts
 
 
-# propose_tree stops extending its chain where the path's probability falls below this: a deeper
-# node is at most that likely, and a verified row costs ~0.1-0.2 of a forward here
+# A tree's chain stops extending where the path's probability falls below this: a deeper
+# node is at most that likely, and a verified row costs ~0.1-0.2 of a forward on the row-wise
+# kernels' curve (runners/torch_runner.py's KERNEL_POINTS)
 EXPAND_MIN = 0.2
 
 
 @register("eagle3")
-class EagleProposer:
-    relative_cost = 0.1  # replaced by the measured ratio in create()
-    proposes_trees = True  # propose_tree: the chain with each level's runner-up (trees need the torch backend)
-    # a tree costs head steps: the decoder asks for one only on steps where its chain policy would
-    # draft (elsewhere the states wait and are fed in one call, as for chains)
-    trees_cost_a_step = True
+class EagleProposer(Proposer):
+    proposes_trees = True  # the chain with each level's runner-up (trees need a runner that verifies them)
+    draft_model_kind = "head"
 
-    def __init__(self, head: EagleHead, target_states) -> None:
+    def __init__(self, head: EagleHead, target_states: tuple[int, ...] | str, relative_cost: float) -> None:
         self.head = head
         self.target_states = target_states  # what the decoder asks the target for: layers, or "final"
+        self.relative_cost = relative_cost  # a head step over a one-token target forward, timed at creation
         self._seqs: dict[int, _Seq] = {}
 
     @classmethod
     def create(cls, config, target) -> "EagleProposer":
-        if not getattr(target, "returns_aux", False):
+        if not target.capabilities.hidden_states:
             raise IncompatibleDraftError(
-                f"method eagle3 reads the target's hidden states, which the {getattr(target, 'backend', '?')} backend "
+                f"method eagle3 reads the target's hidden states, which the {target.backend} backend "
                 "cannot return; use --backend torch")
         path = config.draft_model or bundled_head(target)
         hc, weights = load_head(path, target.config.hidden_size, target.vocab_size)
@@ -103,13 +102,11 @@ class EagleProposer:
         if hc.kind == "eagle1" and "lm_head.weight" not in weights:
             lm = target.model.lm_head
             lm_head = (lm.dequantize() if hasattr(lm, "dequantize") else lm).float()
-        head = EagleHead(hc, weights, target.embed, lm_head, int8=getattr(target, "weights_format", "") == "gguf-int8")
+        head = EagleHead(hc, weights, target.embed, lm_head, int8=target.weights_format == "gguf-int8")
         layers = hc.aux_layers or default_aux_layers(target.config.num_layers)
         if hc.kind == "eagle3" and max(layers) >= target.config.num_layers:
             raise IncompatibleDraftError(f"the head reads target layers {layers}; the target has {target.config.num_layers}")
-        proposer = cls(head, tuple(layers) if hc.kind == "eagle3" else "final")
-        proposer.relative_cost = measure_relative_cost(head, target)
-        return proposer
+        return cls(head, tuple(layers) if hc.kind == "eagle3" else "final", measure_relative_cost(head, target))
 
     def begin(self, seq: SequenceView) -> None:
         if seq.capacity > 1 << 20:
@@ -134,7 +131,16 @@ class EagleProposer:
         st.real += states.shape[0]
         return st, logits, pre
 
-    def propose(self, seq: SequenceView, k: int) -> Draft:
+    def propose(self, seq: SequenceView, budget: Budget) -> Draft:
+        """Every token costs a head step, so it drafts only on steps where a chain of its kind pays
+        (elsewhere the target's states wait and are fed in one call at the next draft): that chain,
+        or where the budget allows nodes, a tree as deep as the budget (`_tree`)."""
+        k = budget.pays("")
+        if k <= 0:
+            return Draft(tokens=[])
+        return self._tree(seq, budget.depth, budget.nodes) if budget.nodes else self._chain(seq, k)
+
+    def _chain(self, seq: SequenceView, k: int) -> Draft:
         fed = self._feed(seq)
         if fed is None:
             return Draft(tokens=[])
@@ -148,7 +154,7 @@ class EagleProposer:
                 logits, pre = self.head.forward(pre[-1:], torch.tensor([token]), st.cache, fused=False, offset=st.offset)
         return Draft(tokens=out, probs=torch.stack(probs) if probs else None)
 
-    def propose_tree(self, seq: SequenceView, max_depth: int, max_nodes: int) -> Draft:
+    def _tree(self, seq: SequenceView, max_depth: int, max_nodes: int) -> Draft:
         """The head's likeliest chain, up to max_depth deep, with each level's second choice beside
         it as a leaf (EAGLE-2's dynamic tree, kept to what needs no extra head step). Each node's
         probability is the product of the head's own probabilities along its path, so the decoder

@@ -2,7 +2,7 @@
 Inference's suffix + EAGLE combination).
 
 At each step suffix decoding offers its best draft with its score (the expected number of
-accepted tokens: the sum of its path probabilities, proposers/suffix.py). If the score reaches
+accepted tokens: the sum of its path probabilities, proposers/suffix/). If the score reaches
 `hybrid_min_score`, that draft is verified; otherwise the model drafter (`hybrid_drafter`: an
 EAGLE-3 head or a draft model) drafts. Repetitive spans (code edits, templated answers, text
 copied from the prompt) then cost nothing to draft, and open text still gets a model's drafts.
@@ -22,37 +22,35 @@ from __future__ import annotations
 import dataclasses
 
 from verispec.errors import InvalidSpeculativeConfigError
-from verispec.proposers.base import PROPOSERS, Draft, SequenceView, register
+from verispec.proposers.base import PROPOSERS, Budget, Draft, Proposer, SequenceView, create_proposer, register
 from verispec.proposers.suffix import SuffixProposer
-
-MODEL_DRAFTERS = ("eagle3", "draft_model")
 
 
 @register("hybrid")
-class HybridProposer:
-    labels_drafts = True  # kinds: suffix's own, and "model"
-    sizes_by_node_probs = True  # suffix's chains (the model's drafts carry none: sized by their kind's rate)
-    shared_sources = SuffixProposer.shared_sources  # suffix's earlier responses: one estimate per kind for the engine
+class HybridProposer(Proposer):
+    """Kinds: suffix's own (sized by their path probabilities) and "model" (sized by its kind's
+    rate). Suffix's drafts are free; a model draft token costs the model drafter's `relative_cost`."""
 
-    def __init__(self, suffix: SuffixProposer, model, min_score: float) -> None:
+    shared_sources = SuffixProposer.shared_sources  # suffix's earlier responses: one estimate per kind for the engine
+    draft_model_kind = "drafter"  # draft_model is its model drafter's (hybrid_drafter's) model or head
+
+    def __init__(self, suffix: SuffixProposer, model: Proposer, min_score: float) -> None:
         self.suffix = suffix
         self.model = model
         self.min_score = min_score
-        self.relative_cost = 0.0  # suffix's drafts are free; a model draft's cost is kind_cost("model")
-        states = getattr(model, "target_states", None)
-        if states is not None:  # an EAGLE head: the decoder hands it the target's states
-            self.target_states = states
-        self.runner = getattr(model, "runner", None)  # a draft model's runner, for cache statistics
+        self.target_states = model.target_states  # an EAGLE head's: the decoder hands it the target's states
+        self.runner = model.runner  # a draft model's runner, for cache statistics
         self._last: dict[int, object] = {}  # request id -> the drafter of its last draft
         self.stats = suffix.stats  # drafts by source: request, global, none (suffix's), model
 
     @classmethod
     def create(cls, config, target) -> "HybridProposer":
-        if config.hybrid_drafter not in MODEL_DRAFTERS:
+        model_drafters = sorted(name for name, c in PROPOSERS.items() if c.draft_model_kind in ("model", "head"))
+        if config.hybrid_drafter not in model_drafters:
             raise InvalidSpeculativeConfigError(
-                f"hybrid_drafter must be one of {', '.join(MODEL_DRAFTERS)}, got {config.hybrid_drafter!r}")
-        suffix = PROPOSERS["suffix"](config, target)
-        model = PROPOSERS[config.hybrid_drafter](dataclasses.replace(config, method=config.hybrid_drafter), target)
+                f"hybrid_drafter must be one of {', '.join(model_drafters)}, got {config.hybrid_drafter!r}")
+        suffix = SuffixProposer.create(config, target)
+        model = create_proposer(dataclasses.replace(config, method=config.hybrid_drafter), target)
         return cls(suffix, model, config.hybrid_min_score)
 
     def kind_cost(self, kind: str) -> float:
@@ -72,19 +70,18 @@ class HybridProposer:
         self.suffix.begin(seq)
         self.model.begin(seq)
 
-    def propose(self, seq: SequenceView, k: int) -> Draft:
+    def propose(self, seq: SequenceView, budget: Budget) -> Draft:
         """Suffix's draft if confident, else the model's (if its kind pays), else suffix's all the
-        same (free); else nothing. Suffix's drafts carry their path probabilities: the decoder
-        sizes them as suffix decoding's alone (`sizes_by_node_probs`), the model's by its kind's rate."""
-        k_for = seq.k_for or (lambda kind: k)
-        pick = self.suffix.candidate(seq, k)
+        same (free); else nothing. Suffix's drafts carry their path probabilities: the policy sizes
+        them as suffix decoding's alone, the model's by its kind's rate."""
+        pick = self.suffix.candidate(seq, budget.depth)
         if pick is not None and pick.score >= self.min_score:
             return self._suffix(seq, pick)
-        k_model = k_for("model")  # model tokens cost: only as many as pay
+        k_model = budget.pays("model")  # model tokens cost: only as many as pay
         if k_model > 0:
             self._last[seq.request_id] = self.model
             self.stats["model"] += 1
-            return dataclasses.replace(self.model.propose(seq, k_model), kind="model")
+            return dataclasses.replace(self.model.propose(seq, Budget.chain(k_model)), kind="model")
         if pick is not None:
             return self._suffix(seq, pick)
         self.stats["none"] += 1

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
-from verispec.proposers.base import Draft, SequenceView, register
+from verispec.proposers.base import Budget, Draft, Proposer, SequenceView, register
 
 
 @register("prompt_lookup")
-class PromptLookupProposer:
-    relative_cost = 0.0  # a few dictionary lookups: free next to a forward
+class PromptLookupProposer(Proposer):
+    """Free to draft (a few dictionary lookups), but which occurrence it copies depends on k (the
+    most recent one with k tokens after it), so it drafts the k its drafts pay for."""
 
     def __init__(self, min_n: int, max_n: int) -> None:
         self.min_n = min_n
@@ -32,14 +33,11 @@ class PromptLookupProposer:
     def begin(self, seq: SequenceView) -> None:
         seq.extra["prompt_lookup"] = NgramIndex(self.min_n, self.max_n)
 
-    def propose(self, seq: SequenceView, k: int) -> Draft:
+    def propose(self, seq: SequenceView, budget: Budget) -> Draft:
         index = seq.extra.get("prompt_lookup")
         if index is None:  # a view that was never begun
             index = seq.extra["prompt_lookup"] = NgramIndex(self.min_n, self.max_n)
-        return Draft(tokens=index.continuation(seq.tokens, k))
-
-    def accept(self, seq: SequenceView, num_accepted: int) -> None:
-        pass
+        return Draft(tokens=index.continuation(seq.tokens, budget.pays("")))
 
     def end(self, seq: SequenceView) -> None:
         seq.extra.pop("prompt_lookup", None)

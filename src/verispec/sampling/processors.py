@@ -22,8 +22,15 @@ from collections.abc import Sequence
 import torch
 
 from verispec.errors import InvalidSamplingParamsError
+from verispec.models.kernels.rowwise import argmax_rows
 
 Generators = torch.Generator | Sequence[torch.Generator | None] | None
+
+
+def greedy_tokens(logits: torch.Tensor) -> list[int]:  # [n, vocab] -> n ids
+    """Each row's argmax (torch.argmax's index: the first largest value), through the row-wise
+    kernel where it runs (models/kernels/rowwise.py's argmax_rows)."""
+    return argmax_rows(logits).tolist()
 
 
 def logits_to_probs(

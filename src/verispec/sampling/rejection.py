@@ -27,10 +27,8 @@ token 7 drawn from the residual at position 1:
 
 If both drafts were accepted and the bonus drawn at position 2 were 3: [5, 9, 3], 2.
 
-Greedy verification (`greedy_verify`) is the temperature-0 case: accept while the draft
-equals the target's argmax, then emit the target's argmax. `greedy_accept` is the same for one
-request on plain lists (the decoding loop's case: a step's few tensor operations cost more than
-the comparison itself once a forward has left the caches cold).
+Greedy verification (`greedy_accept`) is the temperature-0 case, for one request on plain lists:
+accept while the draft equals the target's argmax, then emit the target's argmax.
 """
 
 from dataclasses import dataclass
@@ -96,23 +94,8 @@ def rejection_sample(
     return VerifyOutput(_assemble(drafts, num_accepted, extra_token), num_accepted)
 
 
-def greedy_verify(
-    target_argmax: torch.Tensor,  # [batch, k+1] int64, the target's argmax at each position
-    draft_tokens: torch.Tensor,  # [batch, k] int64
-    num_draft_tokens: torch.Tensor | None = None,  # [batch] int64, 0..k; None = all k
-) -> VerifyOutput:
-    """Temperature 0: accept while draft == target argmax, then emit the target's argmax at
-    the first mismatch, or the bonus argmax at position num_draft_tokens[b]."""
-    valid = _valid_positions(draft_tokens, num_draft_tokens)
-    drafts = torch.where(valid, draft_tokens, 0)
-    k = draft_tokens.shape[1]
-    num_accepted = _leading_true((drafts == target_argmax[:, :k]) & valid)
-    extra_token = target_argmax.gather(1, num_accepted.unsqueeze(1)).squeeze(1)
-    return VerifyOutput(_assemble(drafts, num_accepted, extra_token), num_accepted)
-
-
 def greedy_accept(target_argmax: list[int], draft_tokens: list[int]) -> int:
-    """greedy_verify for one request: how many of its drafts lead with the target's argmax at their
+    """Temperature 0, one request: how many of its drafts lead with the target's argmax at their
     position ([k + 1] argmaxes, [k] drafts); the step emits target_argmax[: that + 1].
     Example: argmax [5, 9, 4], drafts [5, 7]: 1, and the step emits [5, 9]."""
     n = 0

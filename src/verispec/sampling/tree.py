@@ -54,13 +54,13 @@ def children_of(parents: list[int]) -> list[list[int]]:
 
 
 def greedy_tree_verify(
-    target_argmax: torch.Tensor,  # [n+1] int64: the target's argmax at the root and at each node
+    target_argmax: list[int] | torch.Tensor,  # [n+1]: the target's argmax at the root and at each node
     tokens: list[int],  # [n] draft tokens
     parents: list[int],  # [n] parent of each node, -1 = the root
 ) -> TreeVerifyOutput:
     """The longest path whose tokens are each the target's argmax after their parent."""
     kids = children_of(parents)
-    argmax = target_argmax.tolist()
+    argmax = target_argmax.tolist() if isinstance(target_argmax, torch.Tensor) else target_argmax
     path: list[int] = []
     row = 0  # the current node's row: 0 = root, i + 1 = node i
     while True:

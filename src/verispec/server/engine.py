@@ -65,8 +65,8 @@ class AsyncEngine:
                 lambda: scheduler.num_waiting,
                 lambda: engine.cache_bytes,
                 lambda: engine.open_sequences,
-                lambda: getattr(engine.proposer, "memory_bytes", 0),
-                lambda: getattr(engine.proposer, "cached_tokens", 0),
+                lambda: engine.proposer.memory_bytes if engine.proposer is not None else 0,
+                lambda: engine.proposer.cached_tokens if engine.proposer is not None else 0,
                 lambda: engine.decoder.prefix_cache.bytes if engine.decoder.prefix_cache else 0,
             )
             self.loaded, self.scheduler = engine, scheduler

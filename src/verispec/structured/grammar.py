@@ -1,7 +1,7 @@
 """Structured outputs on llguidance: a request's constraint compiled once, a matcher per request.
 
 Why llguidance (not xgrammar): a 3 MB wheel with no dependencies (xgrammar's pulls in triton and
-transformers), masks in ~0.1-1 ms on these vocabularies with no precomputation per grammar, and
+transformers), fast masks with no precomputation per grammar (docs/design/outputs.md), and
 JSON schema, regex, choice and Lark grammars in one engine (GBNF is converted to Lark). Its
 matcher validates a list of tokens, consumes and rolls back: what speculation needs.
 
@@ -33,8 +33,8 @@ CACHE_SIZE = 256
 
 
 class GrammarCompiler:
-    """Compiles constraints for one tokenizer; the llguidance tokenizer is built on first use
-    (0.2 s for SmolLM2's 49,152 tokens, 2.3 s for Gemma 3's 262,144) and shared."""
+    """Compiles constraints for one tokenizer; the llguidance tokenizer is built on first use (it
+    takes seconds on a large vocabulary: docs/design/outputs.md) and shared."""
 
     def __init__(self, tokenizer, vocab_size: int) -> None:
         self.tokenizer = tokenizer
@@ -50,7 +50,7 @@ class GrammarCompiler:
                 from llguidance import LLTokenizer
 
                 try:
-                    self._ll = LLTokenizer(self.tokenizer.tok.to_str(), n_vocab=self.vocab_size,
+                    self._ll = LLTokenizer(self.tokenizer.tokenizer_json(), n_vocab=self.vocab_size,
                                            eos_token=list(self.tokenizer.eos_token_ids))
                 except ValueError as e:
                     raise UnsupportedModelError(

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from verispec.errors import ConfigError
-from verispec.train.data import SHAREGPT_TRAIN_END
+from verispec.conversations import SHAREGPT_TRAIN_END
 from verispec.train.features import FeatureOptions, Manifest, build_features, load_shards
 from verispec.train.trainer import TrainOptions
 
@@ -55,13 +55,14 @@ def add_train_parser(sub) -> None:
                         "target) whose teacher-forced accuracy is logged during training (0: none)")
     t.add_argument("--generator-format", default=None, choices=["gguf-int8", "gguf", "float32"],
                    help="weights format of the engine that regenerates the answers (default: the model's own, the "
-                        "exact arithmetic; gguf-int8: ~2x faster here at 32 sequences, answers of the int8 "
-                        "arithmetic; the features stay --feature-dtype's)")
+                        "exact arithmetic; gguf-int8: faster, answers of the int8 arithmetic; the features stay "
+                        "--feature-dtype's; docs/design/eagle.md)")
     t.add_argument("--init-head", default=None, metavar="DIR",
                    help="start from this head's weights and draft vocabulary (e.g. src/verispec/heads/smollm2-135m, "
                         "the bundled one) instead of afresh; its shape must be the one this target's heads take")
     t.add_argument("--feature-dtype", default="bfloat16", choices=["bfloat16", "float32"],
-                   help="precision of the target forwards that produce the features (bfloat16: ~2x faster here)")
+                   help="precision of the target forwards that produce the features (bfloat16: faster products; "
+                        "docs/design/eagle.md)")
     for name, field in TrainOptions.__dataclass_fields__.items():
         flag = "--" + name.replace("_", "-")
         if field.type in ("bool",):
@@ -79,9 +80,9 @@ def add_train_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from verispec import LLM
-    from verispec.models.eagle import default_aux_layers
-    from verispec.models.eagle_io import save_head
-    from verispec.models.registry import load_model
+    from verispec.models.heads.eagle import default_aux_layers
+    from verispec.models.heads.eagle_io import save_head
+    from verispec.models.weights.registry import load_model
     from verispec.proposers.eagle import target_identity
     from verispec.train.trainer import HeadModule, choose_draft_vocab, draft_lm_head, head_config_for, train
 
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     if Manifest.load(folder / "features").tokens < args.tokens or (want_val and Manifest.load(val_dir).tokens < args.val_tokens):
         llm = LLM(args.model, batch_invariant=False, weights_format="float32", dtype=args.feature_dtype, max_num_seqs=32)
         # answers by the engine as it serves (float32, its kernels): the text the head will draft for, and
-        # faster here than bfloat16 at 32 sequences (203 vs 162 tok/s: bfloat16 loses in per-sequence attention)
+        # faster than bfloat16, which loses in per-sequence attention (docs/design/eagle.md, "Training")
         generator = LLM(args.model, max_num_seqs=32, weights_format=args.generator_format) if args.regenerate or want_val else None
         build_features(llm, fopts, folder / "features", layers, generator=generator)
         if want_val:
@@ -144,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     module = HeadModule(config, embed, vocab["d2t"], vocab["t2d"], opts.seed, init)
     last = train(module, examples, opts, folder, draft_lm, val_examples)
     # 4. export
-    from verispec.engine.backends import RunnerConfig, build_runner
+    from verispec.runners.registry import RunnerConfig, build_runner
 
     runner = build_runner("torch", RunnerConfig(args.model))
     man = Manifest.load(folder / "features")
@@ -191,7 +192,7 @@ def start_from(path: str, target_config) -> dict[str, torch.Tensor]:
     """An existing head's weights (float32) and draft vocabulary, checked to be of the shape this
     target's trained heads take (`head_config_for`), to train on from."""
     from verispec.errors import IncompatibleDraftError, ModelNotFoundError
-    from verispec.models.eagle_io import load_head
+    from verispec.models.heads.eagle_io import load_head
     from verispec.train.trainer import head_config_for
 
     try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from verispec.train.data import conversations, first_exchange
+from verispec.conversations import conversations, first_exchange
 
 
 def heldout_prompts(tokenizer, source: str, start: int, count: int, max_prompt: int) -> list[list[int]]:

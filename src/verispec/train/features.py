@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from verispec.train.data import conversations, first_exchange
+from verispec.conversations import conversations, first_exchange
 
 
 @dataclass

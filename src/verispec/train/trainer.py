@@ -1,6 +1,6 @@
 """Training an EAGLE-3 head on the target's stored features (train/features.py).
 
-The recipe (the EAGLE repository's and SpecForge's, sized for this CPU):
+The recipe (the EAGLE repository's and SpecForge's, sized for a CPU):
 - the target frozen; the head reads its token embeddings (frozen) and fused states;
 - draft vocabulary: the `draft_vocab` tokens the target itself predicts most often in the answers;
 - the head's LM head and final norm start as the target's own (its LM head's draft-vocabulary rows,
@@ -35,8 +35,8 @@ import torch.nn.functional as F
 
 from verispec.errors import ConfigError
 from verispec.models.config import RopeConfig
-from verispec.models.eagle import HeadConfig, after_attention, embed_and_state, logits, qkv
-from verispec.models.transformer import RopeTable
+from verispec.models.heads.eagle import HeadConfig, after_attention, embed_and_state, logits, qkv
+from verispec.models.decoder.transformer import RopeTable
 
 
 @dataclass
@@ -107,7 +107,7 @@ class HeadModule(torch.nn.Module):
 
 
 class _View:
-    """What models/eagle.py's shared pieces read: config, w, lm_head."""
+    """What models/heads/eagle.py's shared pieces read: config, w, lm_head."""
 
     def __init__(self, module: HeadModule) -> None:
         self.config = module.config

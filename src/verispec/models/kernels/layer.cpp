@@ -1,18 +1,18 @@
 // A model's decoder layers for decoding and verification rows, in one call (Stack::forward): the
 // glue between the products (norms, q/k norms, RoPE, the cache write, residuals, the gated
 // activation) and the products themselves, every layer inside one parallel region. Same model as
-// Transformer._layer (models/transformer.py):
+// Transformer._layer (models/decoder/transformer.py):
 //
 //   h = rmsnorm(x) ; qkv = h @ Wqkv^T (+ bias) ; q, k = rope(qknorm(q, k)) ; cache[start..] = k, v
 //   a = attention(q) @ Wo^T (post-norm) ; x += a
 //   h = rmsnorm(x) ; g, u = h @ Wgu^T ; m = act(g) * u ; d = m @ Wdown^T (post-norm) ; x += d
 //
-// Why one region: a layer called from Python cost ~16 us beyond its arithmetic (the arguments'
-// conversion, five parallel regions each waking the threads and joining them, allocations): half a
-// millisecond a token on a 30-layer model whose weights take 3 ms to read. Here the threads meet
-// at a barrier between steps (~10 a layer): the glue, and the quantisation of a product's input
-// for int8 activations (QuantRows), split by rows (each thread its own), the products by outputs
-// and the attention by (row, head) pairs (Product::share, AttentionRows::share).
+// Why one region: a layer called from Python cost a fixed overhead beyond its arithmetic (the
+// arguments' conversion, five parallel regions each waking the threads and joining them,
+// allocations), a large share of a small model's token (docs/results/quant/2026-12-06-stack.md).
+// Here the threads meet at a barrier between steps (~10 a layer): the glue, and the quantisation
+// of a product's input for int8 activations (QuantRows), split by rows (each thread its own), the
+// products by outputs and the attention by (row, head) pairs (Product::share, AttentionRows::share).
 //
 // Rows: the segments of several sequences, segment s at rows [rows[s], rows[s + 1]) of x, its new
 // positions from starts[s], its cache's keys[s], values[s] ([layers, KVH, A, D]); parents[s] where

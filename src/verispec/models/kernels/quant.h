@@ -370,8 +370,8 @@ inline void products_q(const float* __restrict x, const uint8_t* __restrict w, i
     if constexpr (E == 32 && kRegisters >= 32 && (R == 2 || R >= 5)) {
       // small blocks, AVX-512, 2 or 5-8 rows: the OB blocks unpacked first, then each row's x
       // loaded once for all OB outputs (not once per output). The same fused multiply-adds in the
-      // same order per accumulator. Measured on SmolLM2's matrices (2-core EPYC): 8 rows 10-20%
-      // faster, 2 and 6 rows 5-10%; 3-4 rows (4 outputs a block) were not faster, so keep the other path.
+      // same order per accumulator. Faster only at these row counts; 3-4 rows (4 outputs a block)
+      // keep the other path (docs/design/quant.md, "Unpacking in registers").
       V wv[OB][2];
 #pragma GCC unroll 8
       for (int b = 0; b < OB; ++b) {

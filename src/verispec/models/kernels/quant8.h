@@ -15,7 +15,7 @@
 //     acc_l = fma(wm_l, sx_g, acc_l)                  (formats with a min)
 //   y = vec.h's sum tree over the 16 lanes.
 // So a row's result depends on its own x and the weights only: batch invariance holds as in the
-// float32 products. Prompts (48+ rows) keep the exact float32 path (models/transformer.py's _project).
+// float32 products. Prompts (48+ rows) keep the exact float32 path (models/decoder/transformer.py's _project).
 #pragma once
 
 #include <limits>

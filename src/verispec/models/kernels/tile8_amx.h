@@ -3,9 +3,8 @@
 // all rows and the tile's 16 outputs at once (TDPBSUD: x signed by the unsigned 4- and 5-bit
 // quants; TDPBSSD: by Q8_0's signed ones). The integers are exact, and the float work on them is
 // tile8.h's, lane by lane, so the results are the bits of the vector path (and of every variant).
-// Measured on this Xeon (weight_mm over 48 MiB of Q4_1, ms for 2 / 4 / 6 / 8 rows): vector dot
-// instructions 0.77 / 1.07 / 1.56 / 2.04, AMX 1.07 / 1.13 / 1.22 / 1.41: a tile block costs AMX
-// about the same for any number of rows, more than the vector path's for a few.
+// A tile block costs AMX about the same for any number of rows, more than the vector path's for a
+// few (docs/design/quant.md).
 // Linux hands the tile registers to a process that asks (arch_prctl); amx_ready() asks once, and
 // where it is refused the vector path runs instead.
 #pragma once
@@ -15,7 +14,7 @@
 
 namespace vs {
 
-constexpr int kAmxRows = 5;  // from this many rows on AMX is the faster (measured above)
+constexpr int kAmxRows = 5;  // from this many rows on AMX is the faster (docs/design/quant.md)
 
 inline bool amx_ready() {
   static const bool ready = [] {
@@ -49,7 +48,7 @@ inline void tile_range_amx(const XQ& xq, const uint8_t* __restrict w, float* __r
   const int64_t nb = in / 32;
   amx_configure(R);
   // the 4- and 5-bit quants unpacked to bytes two blocks ahead, into a ring of buffers: a tile
-  // load of bytes stored just before waits for the stores (~4x slower, measured)
+  // load of bytes stored just before waits for the stores (docs/design/quant.md)
   alignas(64) uint8_t quants[4][8 * 64];
   alignas(64) int32_t dots[2][R * 16];
   const auto unpack = [&](const uint8_t* tb, uint8_t* out) {

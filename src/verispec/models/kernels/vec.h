@@ -1,6 +1,6 @@
 // The row arithmetic, defined once: a vector of 16 float32 lanes and the few operations the
 // kernels use, implemented for one instruction set per build (VERISPEC_VARIANT, set by
-// models/rowwise.py):
+// models/kernels/rowwise.py):
 //   VERISPEC_AVX512   one __m512
 //   VERISPEC_AVX2     two __m256 (lanes 0-7, 8-15), FMA3
 //   VERISPEC_NEON     four float32x4_t (AArch64)

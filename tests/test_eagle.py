@@ -407,3 +407,13 @@ def test_feature_stage_stops_after_its_minutes_and_resumes(tiny_dir, tmp_path):
     assert second.examples == 8 and second.next_record == 8 and len(second.shards) == 2
     examples = load_shards(tmp_path / "f")
     assert len(examples) == 8 and Manifest.load(tmp_path / "f").tokens == sum(len(e["tokens"]) for e in examples)
+
+
+def test_eagle3_is_ready_only_where_a_head_is_bundled(tiny_dir):
+    """What the demo offers with nothing beside the model: no bundled head for a random target, so
+    eagle3 (and draft_model, which needs a model) are left out; the copy drafters are in."""
+    from verispec.engine.assembly import ready_methods
+
+    ready = ready_methods(LLM(str(tiny_dir("llama", seed=0))).runner)
+    assert {"prompt_lookup", "suffix"} <= set(ready)
+    assert not {"eagle3", "draft_model", "hybrid"} & set(ready)

@@ -120,8 +120,12 @@ def test_bundled_eagle3_head_drafts_for_smollm2(tmp_path):
     on held-out chats). Negative control: a random head of the same shapes is almost never right."""
     from verispec.proposers.eagle import bundled_head, has_bundled_head
 
+    from verispec.engine.assembly import ready_methods
+
     plain = LLM("smollm2-135m")
     assert has_bundled_head(plain.runner) and bundled_head(plain.runner).name == "smollm2-135m"
+    ready = ready_methods(plain.runner)  # what the demo may offer with nothing beside the model
+    assert {"eagle3", "prompt_lookup", "suffix"} <= set(ready) and "draft_model" not in ready
     random_head = write_eagle3_head(tmp_path / "random", hidden=576, target_vocab=49152, draft_vocab=8192, heads=9,
                                     kv_heads=3, scale=0.05)
     params = SamplingParams(temperature=0.0, max_tokens=48)

@@ -16,13 +16,18 @@ from verispec.config import SamplingParams, SpeculativeConfig
 from verispec.data import pick_spread, questions as load_prompt_set, subtask
 
 
+DEFAULT_METHODS = ("prompt_lookup", "eagle3")  # the demo's drafters, each where it needs nothing beside the model
+
+
 def demo_methods(args: argparse.Namespace, runner) -> list[str]:
-    """--method where given; else prompt lookup, plus eagle3 where a head is bundled for the model."""
-    from verispec.proposers.eagle import has_bundled_head
+    """--method where given; else the default methods that draft for this model as it is (eagle3
+    where verispec ships a head for it)."""
+    from verispec.engine.assembly import ready_methods
 
     if args.method:
         return [args.method]
-    return ["prompt_lookup", *(["eagle3"] if has_bundled_head(runner) else [])]
+    ready = ready_methods(runner)
+    return [m for m in DEFAULT_METHODS if m in ready]
 
 
 def run_demo(args: argparse.Namespace) -> int:

@@ -23,7 +23,7 @@ from verispec.engine.decoder import SpeculativeDecoder
 from verispec.engine.policy import SpeculationPolicy
 from verispec.engine.prefix_cache import PrefixCache
 from verispec.errors import ConfigError
-from verispec.proposers import Proposer, create_proposer
+from verispec.proposers import PROPOSERS, Proposer, create_proposer
 from verispec.runners import ModelRunner, RunnerConfig, build_runner, check_options
 from verispec.runners.base import Tokenizer
 from verispec.runners.costs import CostProfile, cached_cost, default_cost, measured_cost, profile_cost
@@ -69,6 +69,11 @@ def build_engine(config: EngineConfig, runner: ModelRunner | None = None) -> Eng
         runner = build_runner(config.backend, runner_config(config))
     decoder = build_decoder(runner, config.speculative, config)
     return Engine(config, runner, runner.tokenizer, decoder.proposer, decoder.policy, decoder)
+
+
+def ready_methods(runner: ModelRunner) -> list[str]:
+    """The registered methods that draft for `runner`'s model with nothing given beside it."""
+    return [name for name, drafter in PROPOSERS.items() if drafter.ready_for(runner)]
 
 
 def build_decoder(runner: ModelRunner, spec: SpeculativeConfig | None, engine: EngineConfig | None = None) -> SpeculativeDecoder:

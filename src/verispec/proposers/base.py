@@ -193,6 +193,12 @@ class Proposer:
         """Tokens in that shared state."""
         return 0
 
+    @classmethod
+    def ready_for(cls, target: "ModelRunner") -> bool:
+        """Whether it drafts for `target` with nothing given beside the target (no draft model, no
+        head folder): what the demo offers by default."""
+        return cls.draft_model_kind == ""
+
     def kind_cost(self, kind: str) -> float:
         """A draft token's cost for drafts of `kind` (a hybrid's kinds cost differently)."""
         return self.relative_cost

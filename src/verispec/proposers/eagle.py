@@ -84,6 +84,11 @@ class EagleProposer(Proposer):
     proposes_trees = True  # the chain with each level's runner-up (trees need a runner that verifies them)
     draft_model_kind = "head"
 
+    @classmethod
+    def ready_for(cls, target) -> bool:
+        """A head is bundled for this target and its runner returns hidden states."""
+        return has_bundled_head(target)
+
     def __init__(self, head: EagleHead, target_states: tuple[int, ...] | str, relative_cost: float) -> None:
         self.head = head
         self.target_states = target_states  # what the decoder asks the target for: layers, or "final"

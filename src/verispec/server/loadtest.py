@@ -23,6 +23,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from verispec.config import EngineConfig
 from verispec.data import pick_spread, questions, spec_bench_available
 
 
@@ -40,7 +41,7 @@ def add_load_parser(sub) -> None:
                    "default: Spec-Bench where found, else the project's own prompts)")
     p.add_argument("--overhead", action="store_true", help="also measure the server against the library at concurrency 1")
     p.add_argument("--k", type=int, default=4, help="draft tokens per step (default: 4)")
-    p.add_argument("--backend", default="torch", help="the server's backend: torch or llamacpp (default: torch)")
+    p.add_argument("--backend", default=EngineConfig.backend, help=f"the server's backend (default: {EngineConfig.backend})")
     p.add_argument("--weights-format", default=None, help="llamacpp: Q8_0, F16 or F32 (default: the GGUF as shipped)")
     p.add_argument("--replicas", default="0",
                    help="comma list: 0 = one `verispec serve` process, N = N replicas on a local Ray cluster "
@@ -126,7 +127,7 @@ def server_process(*args: str, timeout: float = 600.0):
             proc.kill()
 
 
-def _server(model: str, method: str, k: int, backend: str = "torch", weights_format: str | None = None,
+def _server(model: str, method: str, k: int, backend: str = EngineConfig.backend, weights_format: str | None = None,
             batch_invariant: bool = True, replicas: int = 0, num_threads: int | None = None):
     args = ["--model", model, "--served-model-name", "m", "--backend", backend]
     cores = os.cpu_count() or 1
@@ -192,7 +193,7 @@ def _conversations(path: str | None, n: int) -> list[list[dict]]:
 
 
 def _overhead(base: str, model: str, method: str, k: int, conversations: list, max_tokens: int,
-              backend: str = "torch", weights_format: str | None = None, batch_invariant: bool = True) -> tuple[float, float]:
+              backend: str = EngineConfig.backend, weights_format: str | None = None, batch_invariant: bool = True) -> tuple[float, float]:
     """Tokens/s of the library and of the server at concurrency 1, alternating per prompt."""
     from verispec import LLM, SamplingParams
 

@@ -157,6 +157,7 @@ class SpeculationPolicy:
         self._cost = functools.lru_cache(maxsize=None)(cost)  # each row count's cost, computed once
         self._chunk_costs: dict[int, list[tuple[float, int]]] = {}
         self._rates: dict[tuple, tuple[float, ...]] = {}
+        self._mosts: dict[tuple[bool, bool], int] = {}  # `_most`'s
 
     def step_cost(self, n: int, a: float, early_exit: bool) -> float:
         """Expected cost of verifying n rows. With `early_exit` (greedy, on a runner that verifies
@@ -223,7 +224,7 @@ class SpeculationPolicy:
         if nodes:
             depth, nodes = min(self.max_k, room), min(nodes, room)
         else:
-            depth = min(self.choose(AcceptanceEstimate(1.0, 0.0), batch_size, early_exit), room)
+            depth = min(self._most(batch_size, early_exit), room)
         depth = max(depth, 0)
         chosen: dict[str, int] = {}
 
@@ -234,6 +235,15 @@ class SpeculationPolicy:
             return chosen[kind]
 
         return Budget(depth, nodes if depth > 0 else 0, pays)
+
+    def _most(self, batch_size: int, early_exit: bool) -> int:
+        """The k that pays at acceptance 1 (`choose` on a fresh estimate: no probe is ever due), kept
+        per batch-size verdict and early exit: the policy's curve is fixed once built."""
+        key = (self.disable_by_batch_size is not None and batch_size > self.disable_by_batch_size, early_exit)
+        most = self._mosts.get(key)
+        if most is None:
+            most = self._mosts[key] = self.choose(AcceptanceEstimate(1.0, 0.0), batch_size, early_exit)
+        return most
 
     def size(self, draft: Draft, estimate: AcceptanceEstimate, budget: Budget, batch_size: int,
              early_exit: bool) -> Draft:

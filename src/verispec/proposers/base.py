@@ -142,7 +142,7 @@ class SequenceView:
     states_start: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Budget:
     """What the policy lets a drafter propose at one step (engine/policy.py's `budget`).
 

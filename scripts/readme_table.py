@@ -98,10 +98,15 @@ def is_spec_bench(config: dict) -> bool:
     return categories is None or set(SPEC_BENCH_SUBTASKS) <= set(categories)
 
 
+CHECK_ONLY = "CHECK_ONLY"  # a folder holding this file (and its subfolders) is left out of the table
+
+
 def find_runs(results_dir: Path) -> dict[str, tuple[Path, dict]]:
     """Model name -> (results.json path, its data) of that model's latest Spec-Bench run."""
     latest: dict[str, tuple[tuple[str, str], Path, dict]] = {}
     for path in sorted(results_dir.rglob("results.json")):
+        if any((folder / CHECK_ONLY).exists() for folder in path.parents if results_dir in folder.parents):
+            continue  # a check (runs side by side on one thread each), not a measure of speed
         try:
             data = json.loads(path.read_text())
             config = data["config"]

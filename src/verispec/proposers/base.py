@@ -71,6 +71,8 @@ class Draft:
     @property
     def depth(self) -> int:
         """Tokens on the draft's longest path: a chain's length, a tree's depth."""
+        if self.parents is None:  # asked at every step's commit: a chain's depth without its nodes' list
+            return len(self.tokens)
         return max(self.node_depths(), default=0)
 
     def node_depths(self) -> list[int]:

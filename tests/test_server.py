@@ -11,8 +11,10 @@ import openai
 import pytest
 import torch
 
-from server_utils import metric, server_process
+from server_utils import metric, server_process, server_thread, wait_healthy
 from verispec import LLM, SamplingParams
+from verispec.config import EngineConfig, ServerConfig, SpeculativeConfig
+from verispec.server import create_app
 
 MODEL = "tiny"
 
@@ -151,25 +153,39 @@ def test_16_concurrent_streams_equal_one_at_a_time(server, offline):
     assert metric(server, "vllm:num_requests_running") == 0
 
 
-def test_disconnect_aborts_and_frees(server):
+def test_disconnect_aborts_and_frees(target):
     """A client that drops a stream: its request is aborted, the running gauge returns to zero and
-    the KV-cache memory it held is released."""
-    aborted_before = metric(server, "vllm:request_success_total", finished_reason="abort")
-    body = {"model": MODEL, "prompt": "w5 w6", "max_tokens": 500, "temperature": 0, "stream": True, "ignore_eos": True}
-    with httpx.stream("POST", server + "/v1/completions", json=body, timeout=30) as r:
-        lines = r.iter_lines()
-        got = [next(lines) for _ in range(3)]  # a chunk or two, then hang up
-        assert got[0].startswith("data: ")
-        assert metric(server, "vllm:num_requests_running") == 1
-        assert metric(server, "verispec:kv_cache_bytes") > 0
-    for _ in range(100):
-        if metric(server, "vllm:num_requests_running") == 0 and metric(server, "verispec:kv_cache_bytes") == 0:
-            break
-        time.sleep(0.05)
-    assert metric(server, "vllm:num_requests_running") == 0
-    assert metric(server, "verispec:kv_cache_bytes") == 0
-    assert metric(server, "verispec:open_sequences") == 0
-    assert metric(server, "vllm:request_success_total", finished_reason="abort") == aborted_before + 1
+    the KV-cache memory it held is released. The engine is slowed (each step waits 20 ms) so that the
+    request is still running when the hang-up arrives: unslowed, the tiny model writes its 500 tokens
+    in under 0.1 s and the request can finish ("length") before the server sees the client go."""
+    app = create_app(EngineConfig(model=target, speculative=SpeculativeConfig(method="prompt_lookup", num_speculative_tokens=4)), ServerConfig(served_model_name=MODEL))
+    with server_thread(app) as base:
+        wait_healthy(base)
+        scheduler = app.state.engine.scheduler
+        real_step = scheduler.step
+        scheduler.step = lambda: (time.sleep(0.02), real_step())
+        aborted_before = metric(base, "vllm:request_success_total", finished_reason="abort")
+        body = {"model": MODEL, "prompt": "w5 w6", "max_tokens": 500, "temperature": 0, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", base + "/v1/completions", json=body, timeout=30) as r:
+            lines = r.iter_lines()
+            got = [next(lines) for _ in range(3)]  # a chunk or two, then hang up
+            assert got[0].startswith("data: ")
+            assert metric(base, "vllm:num_requests_running") == 1
+            assert metric(base, "verispec:kv_cache_bytes") > 0
+
+        def settled() -> bool:
+            return (metric(base, "vllm:num_requests_running") == 0 and metric(base, "verispec:kv_cache_bytes") == 0
+                    and metric(base, "vllm:request_success_total", finished_reason="abort") == aborted_before + 1)
+
+        for _ in range(200):
+            if settled():
+                break
+            time.sleep(0.05)
+        assert metric(base, "vllm:num_requests_running") == 0
+        assert metric(base, "verispec:kv_cache_bytes") == 0
+        assert metric(base, "verispec:open_sequences") == 0
+        assert metric(base, "vllm:request_success_total", finished_reason="abort") == aborted_before + 1
+        assert metric(base, "vllm:request_success_total", finished_reason="length") == 0
 
 
 def test_metrics_speak_vllm(server, client):

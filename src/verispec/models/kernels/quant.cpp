@@ -100,7 +100,8 @@ Props props(int64_t type) {
         p.untile = vs::untile_row<T>;
         for (int R = 1; R <= 8; ++R) p.range8[R] = p.tail8[R] = kBlockRange<T>[R], p.tiles8[R] = kTileRange<T>[R];
 #if defined(__AMX_INT8__)
-        for (int R = 9; R <= 16; ++R) p.tiles8[R] = kWideTileRange<T>[R];
+        if constexpr (vs::Tile<T>::kElems == 32)  // AMX passes: the 32-weight formats' tiles
+          for (int R = 9; R <= 16; ++R) p.tiles8[R] = kWideTileRange<T>[R];
 #endif
       }
   });
@@ -119,11 +120,11 @@ int64_t part_rows(const at::Tensor& t) { return t.dim() == 3 ? t.size(0) * vs::k
 const uint8_t* part_data(const at::Tensor& t, int64_t type, const Props& f, int64_t in) {
   TORCH_CHECK(in % f.elems == 0, "weight format ", type, ": ", in, " columns are not whole blocks of ", f.elems);
   if (t.dim() == 3) {  // tiles (tile8.h)
-    TORCH_CHECK(f.blockwise(), "a tiled part (3-D) must be a 32-weight format (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) with int8 activations (type + ", 256,
-                "), got type ", type);
-    TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == at::kByte && t.size(1) == in / 32 &&
+    TORCH_CHECK(f.blockwise(), "a tiled part (3-D) must be a format with tiles (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K) with int8 "
+                "activations (type + ", 256, "), got type ", type);
+    TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == at::kByte && t.size(1) == in / f.elems &&
                     t.size(2) == f.tile_bytes,
-                "a tiled part over ", in, " columns must be contiguous uint8 [tiles, ", in / 32, ", ", f.tile_bytes, "], got ",
+                "a tiled part over ", in, " columns must be contiguous uint8 [tiles, ", in / f.elems, ", ", f.tile_bytes, "], got ",
                 t.scalar_type(), " ", t.sizes());
     return t.data_ptr<uint8_t>();
   }
@@ -254,7 +255,7 @@ class RowUnpacker {
   void operator()(int64_t r, float* out, std::vector<uint8_t>& buf) const {
     if (!tiled_) return f_.unpack(data_ + r * rb_, out, in_);
     buf.resize(rb_);
-    f_.untile(data_, r, in_ / 32, buf.data());
+    f_.untile(data_, r, in_ / f_.elems, buf.data());
     f_.unpack(buf.data(), out, in_);
   }
 
@@ -328,6 +329,6 @@ at::Tensor tile_weight(at::Tensor part, int64_t type) {
       for (int64_t t = t0; t < t1; ++t) vs::tile_rows<T>(src + t * vs::kTileRows * rb, rb, nb, dst + t * nb * F::kTile);
     });
   });
-  TORCH_CHECK(known, "tile_weight: type ", type, " has no tiles (the 32-weight formats Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 do)");
+  TORCH_CHECK(known, "tile_weight: type ", type, " has no tiles (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K do)");
   return out;
 }

@@ -36,7 +36,7 @@ F32, F16, BF16 = 0, 1, 30  # the unquantised formats' numbers
 _, Q8_0_VALUES, Q8_0_BYTES = FORMATS[8]  # a Q8_0 block: 32 values in 34 bytes
 INT8 = 256  # added to a part's type in the kernels' Weight: products with int8 activations (kernels/quant8.h)
 INT8_FORMATS = frozenset({2, 3, 6, 7, 8, 12, 13, 14})  # the block formats quant8.h multiplies that way (Int8<T>::kDefined; a test keeps them in step)
-TILE_FORMATS = frozenset({2, 3, 6, 7, 8})  # of those, the ones with per-block float work and tiles of 16 rows (kernels/tile8.h)
+TILE_FORMATS = frozenset({2, 3, 6, 7, 8, 12, 14})  # of those, the ones with per-block float work and tiles of 16 rows (kernels/tile8.h, ktile8.h)
 TILE_ROWS = 16
 
 

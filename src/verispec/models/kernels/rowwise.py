@@ -37,7 +37,7 @@ log = logging.getLogger("verispec")
 
 KERNELS = Path(__file__).parent  # the C++ sources beside this module
 SOURCES = [KERNELS / "quant.cpp", KERNELS / "rowwise.cpp", KERNELS / "layer.cpp", KERNELS / "module.cpp"]  # longest first
-HEADERS = [KERNELS / "rowwise.h", KERNELS / "ops.h", KERNELS / "vec.h", KERNELS / "quant.h", KERNELS / "int8.h", KERNELS / "quant8.h", KERNELS / "tile8.h", KERNELS / "tile8_amx.h"]
+HEADERS = [KERNELS / "rowwise.h", KERNELS / "ops.h", KERNELS / "vec.h", KERNELS / "quant.h", KERNELS / "int8.h", KERNELS / "quant8.h", KERNELS / "tile8.h", KERNELS / "ktile8.h", KERNELS / "tile8_amx.h"]
 # no -march=native: a variant's library runs on any CPU with its instruction set, and no
 # -ffast-math; -ffp-contract=off: no fused multiply-add but the written ones
 COMMON_FLAGS = ["-fopenmp", "-ffp-contract=off", "-fno-fast-math"]

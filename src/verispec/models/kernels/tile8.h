@@ -25,11 +25,10 @@
 #pragma once
 
 #include "int8.h"
+#include "ktile8.h"
 #include "quant8.h"
 
 namespace vs {
-
-constexpr int kTileRows = 16;  // outputs per tile: the lanes
 
 // A format's blocks: kBytes a file block, kHead its scale (and min) bytes, w(blk, k) its k-th
 // weight's integer, ws / wm its scale and min; kTile a tile block. Tile load(tb, u, ws, wm): the 8
@@ -42,6 +41,7 @@ struct Tile {
 template <bool Min, bool Five = false>
 struct Q4Tile {  // Q4_0 (w = q - 8, scale d), Q4_1 (w = q, scale d, min m); Five: Q5_0 (w = q - 16), Q5_1 (w = q)
   static constexpr bool kDefined = true, kMin = Min, kSigned = false;
+  static constexpr int kElems = 32;  // weights a block (the K-quants' tiles: 256, ktile8.h)
   static constexpr int kQh = Min ? 4 : 2;  // a file block: d (and m), the fifth bits (Five), the quants
   static constexpr int kHead = kQh + (Five ? 4 : 0), kBytes = kHead + 16, kTile = 16 * kBytes;
   static constexpr int kOffset = Min ? 0 : Five ? 16 : 8;  // the tile's u are the raw quants
@@ -121,6 +121,7 @@ struct Tile<Q5_1> : Q4Tile<true, true> {};
 template <>
 struct Tile<Q8_0> {  // w = q (int8), scale d
   static constexpr bool kDefined = true, kMin = false;
+  static constexpr int kElems = 32;
   static constexpr int kHead = 2, kBytes = 34, kTile = 16 * kBytes;
   // where the dot instruction takes unsigned bytes (VNNI) the tile's int8 quants go in as q + 128,
   // and 128 * S comes off: the same integers
@@ -142,6 +143,12 @@ struct Tile<Q8_0> {  // w = q (int8), scale d
     for (int g = 0; g < 8; ++g) u[g] = kDotUnsigned ? flip_sign(q64_load(tb + 32 + 64 * g)) : q64_load(tb + 32 + 64 * g);
   }
 };
+
+// the K-quants' tiles (ktile8.h): superblocks of 256 weights, their own arithmetic and products
+template <>
+struct Tile<Q4_K> : KTile<Q4_K> {};
+template <>
+struct Tile<Q6_K> : KTile<Q6_K> {};
 
 // the arithmetic's float steps for block b of row r: i its 16 outputs' integer dot products
 // (before the offset), ws / wm their scales and mins; tile_range and tile_range_amx share it
@@ -179,7 +186,7 @@ inline void untile_row(const uint8_t* tiles, int64_t row, int64_t nb, uint8_t* o
 
 // file layout: outputs [o0, o1) (rows of `w`, one at a time) for rows 0..R of xq: y[r * ldy + o]
 template <int T, int R>
-inline void block_range(const XQ& xq, const uint8_t* w, float* y, int64_t in, int64_t ldy, int64_t o0, int64_t o1) {
+inline void block_range32(const XQ& xq, const uint8_t* w, float* y, int64_t in, int64_t ldy, int64_t o0, int64_t o1) {
   using F = Tile<T>;
   const int64_t nb = in / 32, rb = nb * F::kBytes;
   for (int64_t o = o0; o < o1; ++o)
@@ -200,7 +207,7 @@ inline void block_range(const XQ& xq, const uint8_t* w, float* y, int64_t in, in
 // tiles [t0, t1) (outputs 16 t0 .. 16 t1) for rows 0..R of xq: y[r * ldy + o]; each tile block
 // unpacked once for all rows
 template <int T, int R>
-inline void tile_range(const XQ& xq, const uint8_t* __restrict w, float* __restrict y, int64_t in, int64_t ldy, int64_t t0, int64_t t1) {
+inline void tile_range32(const XQ& xq, const uint8_t* __restrict w, float* __restrict y, int64_t in, int64_t ldy, int64_t t0, int64_t t1) {
 #if defined(__AMX_INT8__)
   if constexpr (R >= kAmxRows)
     if (amx_ready()) return tile_range_amx<T, R>(xq, w, y, in, ldy, t0, t1);
@@ -234,6 +241,18 @@ inline void tile_range(const XQ& xq, const uint8_t* __restrict w, float* __restr
   }
 }
 
+// either layout for any format with tiles: the 32-weight formats' (above) or the K-quants' (ktile8.h)
+template <int T, int R>
+inline void block_range(const XQ& xq, const uint8_t* w, float* y, int64_t in, int64_t ldy, int64_t o0, int64_t o1) {
+  if constexpr (Tile<T>::kElems == 256) kblock_range<T, R>(xq, w, y, in, ldy, o0, o1);
+  else block_range32<T, R>(xq, w, y, in, ldy, o0, o1);
+}
+template <int T, int R>
+inline void tile_range(const XQ& xq, const uint8_t* __restrict w, float* __restrict y, int64_t in, int64_t ldy, int64_t t0, int64_t t1) {
+  if constexpr (Tile<T>::kElems == 256) ktile_range<T, R>(xq, w, y, in, ldy, t0, t1);
+  else tile_range32<T, R>(xq, w, y, in, ldy, t0, t1);
+}
+
 // f(std::integral_constant<int, T>{}) for the formats with tiles; false for the others
 template <class Fn>
 inline bool with_tile_format(int64_t type, Fn&& f) {
@@ -243,6 +262,8 @@ inline bool with_tile_format(int64_t type, Fn&& f) {
     case Q5_0: f(std::integral_constant<int, Q5_0>{}); return true;
     case Q5_1: f(std::integral_constant<int, Q5_1>{}); return true;
     case Q8_0: f(std::integral_constant<int, Q8_0>{}); return true;
+    case Q4_K: f(std::integral_constant<int, Q4_K>{}); return true;
+    case Q6_K: f(std::integral_constant<int, Q6_K>{}); return true;
     default: return false;
   }
 }

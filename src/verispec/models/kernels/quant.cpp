@@ -66,6 +66,14 @@ constexpr RangeFn<const vs::XQ&> kTileRange[9] = {nullptr, vs::tile_range<T, 1>,
                                                   vs::tile_range<T, 4>, vs::tile_range<T, 5>, vs::tile_range<T, 6>,
                                                   vs::tile_range<T, 7>, vs::tile_range<T, 8>};
 
+// the K-quants' tiles for 9-16 rows in one pass, on every build (ktile8.h: the vector registers
+// hold 16 rows' accumulators beside a sub-block's quants)
+template <int T>
+constexpr RangeFn<const vs::XQ&> kWideKTileRange[17] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                                        vs::ktile_range<T, 9>, vs::ktile_range<T, 10>, vs::ktile_range<T, 11>,
+                                                        vs::ktile_range<T, 12>, vs::ktile_range<T, 13>, vs::ktile_range<T, 14>,
+                                                        vs::ktile_range<T, 15>, vs::ktile_range<T, 16>};
+
 #if defined(__AMX_INT8__)
 // tiles for 9-16 rows in one pass (AMX tiles hold 16 rows); the AMX path only (Product asks amx_ready first)
 template <int T>
@@ -99,6 +107,10 @@ Props props(int64_t type) {
         p.tile_bytes = vs::Tile<T>::kTile;
         p.untile = vs::untile_row<T>;
         for (int R = 1; R <= 8; ++R) p.range8[R] = p.tail8[R] = kBlockRange<T>[R], p.tiles8[R] = kTileRange<T>[R];
+        if constexpr (vs::Tile<T>::kElems == 256) {
+          for (int R = 9; R <= 16; ++R) p.tiles8[R] = kWideKTileRange<T>[R];
+          p.wide_anywhere = true;
+        }
 #if defined(__AMX_INT8__)
         if constexpr (vs::Tile<T>::kElems == 32)  // AMX passes: the 32-weight formats' tiles
           for (int R = 9; R <= 16; ++R) p.tiles8[R] = kWideTileRange<T>[R];
@@ -155,12 +167,14 @@ WeightParts::WeightParts(const Weight& w, int64_t in) : keep_(w), in_(in) {
     part.data = part_data(parts[p], base_type(types[p]), part.f, in);
     int8_ = int8_ || part.f.range8[1] != nullptr;
     wide_ = wide_ && part.tiled && part.f.tiles8[16] != nullptr;
+    wide_anywhere_ = wide_anywhere_ && part.tiled && part.f.wide_anywhere;
     out_ += part.rows;
     parts_.push_back(part);
   }
 }
 
 int64_t WeightParts::pass_rows() const {
+  if (wide_anywhere_) return 16;
 #if defined(__AMX_INT8__)
   if (wide_ && vs::amx_ready()) return 16;
 #endif

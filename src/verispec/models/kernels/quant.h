@@ -243,13 +243,33 @@ struct Format<Q8_0> {  // d, qs[32] (int8): w = q * d
   }
 };
 
+// Q4_K / Q5_K: the 12 bytes of 6-bit scales and mins as 16 bytes: sc0..7, then m0..7
+// (scale_min_k4 for every sub-block at once, in 32-bit words)
+inline void k_scale_bytes(const uint8_t* b, uint8_t out[16]) {
+  uint32_t u[4];
+  std::memcpy(u, b + 4, 12);
+  constexpr uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+  u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+  const uint32_t low_mins = u[1] & k1;
+  u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+  u[2] = low_mins;
+  u[0] &= k1;
+  std::memcpy(out, u, 16);
+}
+
 // Q4_K / Q5_K: weights 64c .. 64c + 63 (c = 0..3) are sub-block 2c (the low nibbles of
 // qs[32c ..]) then 2c + 1 (the high nibbles); sub-block s: w = (d * sc_s) * q - dmin * m_s, with
-// Q5_K's fifth bit s of qh[l]
+// Q5_K's fifth bit s of qh[l]. The 16 products d * sc_s and dmin * m_s in two vector multiplies
+// per block, kept in memory: each sub-block's pair is then a broadcast load, not a scalar product
+// and a register broadcast (which took the permutes' port). The same IEEE operations as before.
 template <bool Five, class F>
 VS_ALWAYS_INLINE inline void each_k(const uint8_t* b, F&& f) {
-  const float d = half_at(b), dmin = half_at(b + 2);
-  const uint8_t* scales = b + 4;
+  alignas(64) uint8_t sm[16];
+  k_scale_bytes(b, sm);
+  alignas(64) float ds[16], ms[16];  // lanes 0-7: d * sc_s; 8-15: dmin * m_s
+  const V lanes = bits(bytes16(sm), 0, 0xFF);
+  store(ds, mul(lanes, set1(half_at(b))));
+  store(ms, mul(lanes, set1(half_at(b + 2))));
   const uint8_t* qh = b + 16;
   const uint8_t* qs = b + (Five ? 48 : 16);
   const V sixteen = set1(16.0f);
@@ -260,14 +280,13 @@ VS_ALWAYS_INLINE inline void each_k(const uint8_t* b, F&& f) {
     if (Five) h0 = bytes16(qh), h1 = bytes16(qh + 16);
 #pragma GCC unroll 2
     for (int half = 0; half < 2; ++half) {
-      int sc, m;
-      scale_min_k4(2 * c + half, scales, sc, m);
-      const V ds = set1(d * kSmall.v[sc]), ms = set1(dmin * kSmall.v[m]);
-      const V lo = sub(mul(ds, iota()), ms);  // the sub-block's possible weights
+      const int s = 2 * c + half;
+      const V d_sc = set1(ds[s]), m = set1(ms[8 + s]);
+      const V lo = sub(mul(d_sc, iota()), m);  // the sub-block's possible weights
       if (Five) {
-        const V hi = sub(mul(ds, add(iota(), sixteen)), ms);
-        f(64 * c + 32 * half, lookup32(lo, hi, q0, 4 * half, h0, 2 * c + half));
-        f(64 * c + 32 * half + 16, lookup32(lo, hi, q1, 4 * half, h1, 2 * c + half));
+        const V hi = sub(mul(d_sc, add(iota(), sixteen)), m);
+        f(64 * c + 32 * half, lookup32(lo, hi, q0, 4 * half, h0, s));
+        f(64 * c + 32 * half + 16, lookup32(lo, hi, q1, 4 * half, h1, s));
       } else {
         f(64 * c + 32 * half, lookup16(lo, q0, 4 * half));
         f(64 * c + 32 * half + 16, lookup16(lo, q1, 4 * half));

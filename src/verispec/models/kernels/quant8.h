@@ -108,15 +108,9 @@ struct Int8 {
 // Q4_K / Q5_K: quarter c is sub-blocks 2c (the low nibbles of qs[32c ..]) and 2c + 1 (the high
 // ones): ws = d * sc, wm = -(dmin * m) per sub-block (t: the 8 ws, then the 8 wm)
 inline V k_scales(const uint8_t* b) {
-  uint32_t u[4];
-  std::memcpy(u, b + 4, 12);  // the 12 bytes of 6-bit scales and mins -> bytes sc0..7, m0..7
-  constexpr uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
-  u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
-  const uint32_t low_mins = u[1] & k1;
-  u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
-  u[2] = low_mins;
-  u[0] &= k1;
-  return mul(bits(bytes16(reinterpret_cast<const uint8_t*>(u)), 0, 0xFF), pair(half_at(b), -half_at(b + 2)));
+  alignas(16) uint8_t sm[16];  // bytes sc0..7, m0..7
+  k_scale_bytes(b, sm);
+  return mul(bits(bytes16(sm), 0, 0xFF), pair(half_at(b), -half_at(b + 2)));
 }
 
 template <bool Five>

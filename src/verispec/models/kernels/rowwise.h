@@ -41,7 +41,8 @@ struct Props {
   // at a time over the file's rows, tiles8 over tiles of 16 outputs; untile gives a tiled output's file bytes
   int64_t tile_bytes = 0;
   bool blockwise() const { return tile_bytes > 0; }
-  RangeFn<const vs::XQ&> tiles8[17] = {};  // 9-16: one pass of up to 16 rows, AMX builds only (null elsewhere)
+  RangeFn<const vs::XQ&> tiles8[17] = {};  // 9-16: one pass of up to 16 rows: the K-quants' tiles, and on AMX builds the others
+  bool wide_anywhere = false;              // tiles8[9..16] run without AMX (the K-quants' tiles)
   void (*untile)(const uint8_t*, int64_t, int64_t, uint8_t*) = nullptr;
 };
 
@@ -53,7 +54,7 @@ class WeightParts {
   WeightParts(const Weight& w, int64_t in);
   int64_t rows() const { return out_; }
   bool int8() const { return int8_; }  // some part multiplies with int8 activations (x quantised first: QuantRows)
-  int64_t pass_rows() const;           // rows a pass over the weights takes: 16 where every part is tiles and AMX runs, else 8
+  int64_t pass_rows() const;           // rows a pass over the weights takes: 16 where every part is K-quant tiles, or tiles and AMX runs; else 8
 
  private:
   friend class Product;
@@ -67,6 +68,7 @@ class WeightParts {
   int64_t in_, out_ = 0;
   bool int8_ = false;  // some part multiplies with int8 activations
   bool wide_ = true;   // every part has 16-row passes (tiles8[16])
+  bool wide_anywhere_ = true;  // ... and they need no AMX
   std::vector<Part> parts_;
 };
 
@@ -87,7 +89,7 @@ class QuantRows {
 
 // y [R, out] = x [R, in] @ unpacked(w)^T run by the threads of a parallel region (quant.cpp):
 // share(t, n) by each thread t of n: its consecutive output blocks of every pass over the weights
-// (8 rows, or 16 through AMX where every part is tiles: WeightParts::pass_rows) (the single
+// (8 rows, or 16 where every part is K-quant tiles or tiles through AMX: WeightParts::pass_rows) (the single
 // outputs past the last whole block go to the last thread that has work). Threads share only x
 // and y, and each (output, row) pair is computed whole by one of them, so no value depends on the
 // split. For int8 activations x comes quantised (xq, from QuantRows::quantize of every row before

@@ -68,6 +68,23 @@ def ours_prefill(llm: LLM, n: int, repeats: int) -> float:
     return best
 
 
+def ours_rows_ms(llm: LLM, rows: int, repeats: int = 10, context: int = 64) -> float:
+    """Best of `repeats` forwards of `rows` new tokens (logits at each: a verification) after `context`."""
+    runner = llm.runner
+    seq = runner.open(context + rows + 1)
+    try:
+        runner.forward(seq, [100 + i for i in range(context)], num_logits=1)
+        best = float("inf")
+        for _ in range(repeats + 1):
+            t = time.perf_counter()
+            runner.forward(seq, [200 + i for i in range(rows)], num_logits=rows)
+            best = min(best, time.perf_counter() - t)
+            runner.truncate(seq, context)
+        return best * 1000
+    finally:
+        runner.close(seq)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     default_models = ["smollm2-135m", "gemma3-270m", *[m for m in chunked.CHUNKED if chunked.is_cached(m)]]
@@ -77,7 +94,9 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-prefill", action="store_true", help="decoding only")
-    ap.add_argument("--out", type=Path, default=None, help="folder for results.json and table.md")
+    ap.add_argument("--batch-rows", type=int, default=8,
+                    help="also time one forward of this many rows (a verification) beside llama-bench -p N -n 0 (0: skip)")
+    ap.add_argument("--out", type=Path, default=None, help="folder for native.json and table.md")
     args = ap.parse_args()
 
     try:
@@ -99,6 +118,8 @@ def main() -> int:
             row[f"{fmt}_tg"] = ours_decode(llm, args.tokens, args.repeats)
             if not args.no_prefill:
                 row[f"{fmt}_pp"] = ours_prefill(llm, args.prompt_tokens, args.repeats)
+            if args.batch_rows:
+                row[f"{fmt}_batch_ms"] = ours_rows_ms(llm, args.batch_rows)
             weights = llm.runner.weight_bytes
             kv = kv_bytes_read(llm.runner.config, 64, llm.runner.kv_bytes_per_value)
             row[f"{fmt}_floor_tg"] = bandwidth * 1e9 / (weights + kv)
@@ -108,6 +129,8 @@ def main() -> int:
         row["native_tg"].append(llama_bench(path, 0, args.tokens))
         if not args.no_prefill:
             row["native_pp"] = llama_bench(path, args.prompt_tokens, 0)
+        if args.batch_rows:
+            row["native_batch_ms"] = args.batch_rows / llama_bench(path, args.batch_rows, 0, repeats=10) * 1000
         print(f"  {name} llama-bench: tg{args.tokens} {row['native_tg']}" +
               ("" if args.no_prefill else f", pp{args.prompt_tokens} {row['native_pp']:.1f}"), flush=True)
         results.append(row)
@@ -115,8 +138,10 @@ def main() -> int:
     lines = [header, "",
              "| model | llama.cpp tg tok/s (before / after) | " +
              " | ".join(f"{f} tok/s (x native) | {f} x memory floor" for f in args.formats) +
-             ("" if args.no_prefill else " | llama.cpp pp tok/s | " + " | ".join(f"{f} pp tok/s (x)" for f in args.formats)) + " |"]
-    ncol = 2 + 2 * len(args.formats) + (0 if args.no_prefill else 1 + len(args.formats))
+             ("" if args.no_prefill else " | llama.cpp pp tok/s | " + " | ".join(f"{f} pp tok/s (x)" for f in args.formats)) +
+             ("" if not args.batch_rows else f" | llama.cpp {args.batch_rows}-row batch ms | " +
+              " | ".join(f"{f} {args.batch_rows}-row ms (speed x)" for f in args.formats)) + " |"]
+    ncol = 2 + 2 * len(args.formats) + (0 if args.no_prefill else 1 + len(args.formats)) + (1 + len(args.formats) if args.batch_rows else 0)
     lines.append("|" + "---|" * ncol)
     for r in results:
         best = max(r["native_tg"])
@@ -126,18 +151,23 @@ def main() -> int:
         if not args.no_prefill:
             cells.append(f"{r['native_pp']:.1f}")
             cells += [f"{r[f + '_pp']:.1f} ({r[f + '_pp'] / r['native_pp']:.2f}x)" for f in args.formats]
+        if args.batch_rows:
+            cells.append(f"{r['native_batch_ms']:.1f}")
+            cells += [f"{r[f + '_batch_ms']:.1f} ({r['native_batch_ms'] / r[f + '_batch_ms']:.2f}x)" for f in args.formats]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(f"tg: {args.tokens} tokens after a short prompt (ours: best of {args.repeats}, after the first token; "
                  f"llama-bench -t 2 -p 0 -n {args.tokens} -r 3 before and after ours, the faster counts); "
                  f"x memory floor: our speed over bandwidth / (weight bytes + KV bytes read) (1.00 = at the floor); "
                  f"pp: {args.prompt_tokens}-token prompt, time to the first token (best of {args.repeats}) beside "
-                 f"llama-bench -p {args.prompt_tokens} -n 0 -r 3.")
+                 f"llama-bench -p {args.prompt_tokens} -n 0 -r 3; {args.batch_rows}-row batch: one forward of {args.batch_rows} "
+                 f"new tokens with logits at each after 64 (ours, best of 10) beside llama-bench -p {args.batch_rows} -n 0 -r 10 "
+                 f"(speed x: theirs over ours, above 1 is faster).")
     table = "\n".join(lines)
     print("\n" + table)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.json").write_text(json.dumps({"header": header, "results": results}, indent=1))
+        (args.out / "native.json").write_text(json.dumps({"header": header, "results": results}, indent=1))
         (args.out / "table.md").write_text(table + "\n")
     return 0
 

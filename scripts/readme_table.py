@@ -42,6 +42,7 @@ SPEC_BENCH_SUBTASKS = ("multi_turn", "translation", "summarization", "qa", "math
 PEER_FAMILIES = {
     "llamacpp": ("llama-cpp-python `Llama.generate` (a Python loop, not native llama.cpp speed)",
                  ("llamacpp", "llamacpp_prompt_lookup")),
+    "llamacpp_native": ("llama.cpp's own `llama-server` (native, over HTTP)", ("llamacpp_native",)),
     "hf": ("Hugging Face transformers `generate`", ("hf", "hf_prompt_lookup", "hf_assisted")),
 }
 PEER_PREFIXES = ("llamacpp", "llama_cpp", "llama-", "hf")

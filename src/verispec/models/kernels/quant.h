@@ -68,17 +68,6 @@ inline float bf16_at(const uint8_t* p) {
   return f;
 }
 
-// 0.0f .. 63.0f and -128.0f .. 127.0f: 6-bit and int8 scales as floats by a load (a scalar int-to-float conversion carries a false
-// dependency on its destination register and stalled the K-quant loops)
-struct SmallFloats {
-  float v[64], s8[256];  // s8[i + 128] = i for int8 i
-  constexpr SmallFloats() : v(), s8() {
-    for (int i = 0; i < 64; ++i) v[i] = static_cast<float>(i);
-    for (int i = 0; i < 256; ++i) s8[i] = static_cast<float>(i - 128);
-  }
-};
-inline constexpr SmallFloats kSmall{};
-
 // Q4_K / Q5_K: the 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes
 inline void scale_min_k4(int j, const uint8_t* q, int& sc, int& m) {
   if (j < 4) {
@@ -243,6 +232,12 @@ struct Format<Q8_0> {  // d, qs[32] (int8): w = q * d
   }
 };
 
+// A block's per-sub-block scales are computed as vectors and stored; each is then broadcast from
+// memory. The compiler barrier keeps the compiler from forwarding the stores into register permutes
+// (it did: two 512-bit permutes per 32 weights beside the lookups' own, where permutes bound the
+// products' throughput); a broadcast from memory takes a load port instead.
+#define VS_FROM_MEMORY() asm volatile("" ::: "memory")
+
 // Q4_K / Q5_K: the 12 bytes of 6-bit scales and mins as 16 bytes: sc0..7, then m0..7
 // (scale_min_k4 for every sub-block at once, in 32-bit words)
 inline void k_scale_bytes(const uint8_t* b, uint8_t out[16]) {
@@ -270,6 +265,7 @@ VS_ALWAYS_INLINE inline void each_k(const uint8_t* b, F&& f) {
   const V lanes = bits(bytes16(sm), 0, 0xFF);
   store(ds, mul(lanes, set1(half_at(b))));
   store(ms, mul(lanes, set1(half_at(b + 2))));
+  VS_FROM_MEMORY();
   const uint8_t* qh = b + 16;
   const uint8_t* qs = b + (Five ? 48 : 16);
   const V sixteen = set1(16.0f);
@@ -281,7 +277,7 @@ VS_ALWAYS_INLINE inline void each_k(const uint8_t* b, F&& f) {
 #pragma GCC unroll 2
     for (int half = 0; half < 2; ++half) {
       const int s = 2 * c + half;
-      const V d_sc = set1(ds[s]), m = set1(ms[8 + s]);
+      const V d_sc = broadcast(ds + s), m = broadcast(ms + 8 + s);
       const V lo = sub(mul(d_sc, iota()), m);  // the sub-block's possible weights
       if (Five) {
         const V hi = sub(mul(d_sc, add(iota(), sixteen)), m);
@@ -318,12 +314,13 @@ struct Format<Q6_K> {  // ql[128], qh[64], scales[16] (int8), d: w = (d * sc_(i 
   VS_ALWAYS_INLINE static void each(const uint8_t* b, F&& f) {
     const uint8_t* ql = b;
     const uint8_t* qh = b + 128;
-    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
-    const float d = half_at(b + 208);
+    alignas(64) float ds[16];  // d * sc_g, the 16 scales' products in one multiply
+    store(ds, mul(set1(half_at(b + 208)), from_i8(reinterpret_cast<const int8_t*>(b + 192))));
+    VS_FROM_MEMORY();
     auto run = [&](int i, B16 a, B16 z, int shift, B16 h0, B16 h1, int hshift) VS_ALWAYS_INLINE {
       const V qa = q6(a, shift, h0, hshift), qz = q6(z, shift, h1, hshift);  // q - 32, composed in integers
-      f(i, mul(set1(d * kSmall.s8[sc[i / 16] + 128]), qa));
-      f(i + 16, mul(set1(d * kSmall.s8[sc[i / 16 + 1] + 128]), qz));
+      f(i, mul(broadcast(ds + i / 16), qa));
+      f(i + 16, mul(broadcast(ds + i / 16 + 1), qz));
     };
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {

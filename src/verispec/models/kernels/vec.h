@@ -45,6 +45,7 @@ constexpr int kRegisters = 32;  // 16-lane vectors the registers hold, for the p
 struct V { __m512 v; };
 inline V zero() { return {_mm512_setzero_ps()}; }
 inline V set1(float a) { return {_mm512_set1_ps(a)}; }
+inline V broadcast(const float* p) { return {_mm512_broadcastss_ps(_mm_load_ss(p))}; }  // *p in every lane, from memory
 inline V load(const float* p) { return {_mm512_loadu_ps(p)}; }
 inline __mmask16 first(int n) { return static_cast<__mmask16>((1u << n) - 1); }
 inline V load_n(const float* p, int n) { return {_mm512_maskz_loadu_ps(first(n), p)}; }  // n < 16, zeros beyond
@@ -136,6 +137,7 @@ struct V { __m256 lo, hi; };
 inline __m256i first8(int n) { return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
 inline V zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 inline V set1(float a) { return {_mm256_set1_ps(a), _mm256_set1_ps(a)}; }
+inline V broadcast(const float* p) { const __m256 v = _mm256_broadcast_ss(p); return {v, v}; }
 inline V load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
 inline V load_n(const float* p, int n) { return {_mm256_maskload_ps(p, first8(n)), _mm256_maskload_ps(p + 8, first8(n - 8))}; }
 inline void store(float* p, V a) { _mm256_storeu_ps(p, a.lo); _mm256_storeu_ps(p + 8, a.hi); }
@@ -223,6 +225,7 @@ struct V { float32x4_t q[4]; };
 #define VS_EACH(expr) V r; for (int i = 0; i < 4; ++i) r.q[i] = (expr); return r
 inline V zero() { VS_EACH(vdupq_n_f32(0.0f)); }
 inline V set1(float a) { VS_EACH(vdupq_n_f32(a)); }
+inline V broadcast(const float* p) { return set1(*p); }
 inline V load(const float* p) { VS_EACH(vld1q_f32(p + 4 * i)); }
 inline V load_n(const float* p, int n) {
   float t[16] = {0};
@@ -316,6 +319,7 @@ struct V { float l[16]; };
 #define VS_EACH(expr) V r; for (int i = 0; i < 16; ++i) r.l[i] = (expr); return r
 inline V zero() { VS_EACH(0.0f); }
 inline V set1(float a) { VS_EACH(a); }
+inline V broadcast(const float* p) { return set1(*p); }
 inline V load(const float* p) { VS_EACH(p[i]); }
 inline V load_n(const float* p, int n) { VS_EACH(i < n ? p[i] : 0.0f); }
 inline void store(float* p, V a) { for (int i = 0; i < 16; ++i) p[i] = a.l[i]; }

@@ -505,12 +505,13 @@ def test_eagle3_on_int8_drafts_with_an_int8_head_and_stays_exact():
     assert [o.outputs[0].token_ids for o in spec.chat(msgs, params)] == plain
 
 
-def test_prompts_on_an_all_tile_model_take_the_decoding_rows_arithmetic():
-    """SmolLM2 on gguf-int8 is tiles throughout, so its prompts (shorter than TILED_PROMPT_ROWS) go
-    through the kernel's Stack: a prompt's keys, values and logits are bit for bit those of decoding
-    it token by token. Control: on the exact path a prompt of 48+ tokens takes another arithmetic."""
+def test_prompts_on_a_block_model_take_the_decoding_rows_arithmetic():
+    """SmolLM2's matrices are GGUF blocks on gguf-int8 (tiles) and on the exact gguf path, so its
+    prompts (shorter than STACK_PROMPT_ROWS) go through the kernel's Stack: a prompt's keys, values
+    and logits are bit for bit those of decoding it token by token. Control: with float32 weights a
+    prompt of 48+ tokens takes another arithmetic (F.linear)."""
     from verispec.models.weights.registry import load_model
-    from verispec.models.decoder.transformer import PROMPT_ROWS, TILED_PROMPT_ROWS, Transformer
+    from verispec.models.decoder.transformer import PROMPT_ROWS, STACK_PROMPT_ROWS, Transformer
 
     def prompt_and_tokens(tf):
         prompt = torch.arange(100) + 7
@@ -521,28 +522,29 @@ def test_prompts_on_an_all_tile_model_take_the_decoding_rows_arithmetic():
         same_kv = torch.equal(whole.keys[:, :, :100], alone.keys[:, :, :100]) and torch.equal(whole.values[:, :, :100], alone.values[:, :, :100])
         return torch.equal(logits, last), same_kv
 
-    loaded = load_model("smollm2-135m", blocks=True, int8=True)
-    tiled = Transformer(loaded.config, loaded.weights)
-    assert tiled.stack_rows == TILED_PROMPT_ROWS
-    assert prompt_and_tokens(tiled) == (True, True)
-    loaded = load_model("smollm2-135m", blocks=True)
-    exact = Transformer(loaded.config, loaded.weights)
-    assert exact.stack_rows == PROMPT_ROWS
-    assert prompt_and_tokens(exact) == (False, False)
+    for int8 in (True, False):
+        loaded = load_model("smollm2-135m", blocks=True, int8=int8)
+        blocks = Transformer(loaded.config, loaded.weights)
+        assert blocks.stack_rows == STACK_PROMPT_ROWS
+        assert prompt_and_tokens(blocks) == (True, True), f"int8={int8}"
+    loaded = load_model("smollm2-135m")
+    dense = Transformer(loaded.config, loaded.weights)
+    assert dense.stack_rows == PROMPT_ROWS
+    assert prompt_and_tokens(dense) == (False, False)
 
 
 def test_prefix_caching_on_an_all_tile_model_prefills_whole_prompts_and_changes_no_token():
-    """SmolLM2 on gguf-int8 takes prompts through the decoding kernels whole (TILED_PROMPT_ROWS), so
+    """SmolLM2 on gguf-int8 takes prompts through the decoding kernels whole (STACK_PROMPT_ROWS), so
     prefix caching prefills them in one forward, not in 47-row chunks; chunked prefill keeps its
     short chunks. A second turn served from the cache gives the tokens it gets without one."""
     from verispec import LLM, SamplingParams
     from verispec.models.decoder.transformer import PROMPT_ROWS
-    from verispec.models.decoder.transformer import TILED_PROMPT_ROWS
+    from verispec.models.decoder.transformer import STACK_PROMPT_ROWS
 
     params = SamplingParams(max_tokens=48, temperature=0.0)
     turn1 = [{"role": "user", "content": "List three uses of copper, one line each, and say why for each."}]
     cached = LLM("smollm2-135m", weights_format="gguf-int8", enable_prefix_caching=True)
-    assert cached.decoder.prefill_rows == TILED_PROMPT_ROWS - 1
+    assert cached.decoder.prefill_rows == STACK_PROMPT_ROWS - 1
     answer = cached.chat([turn1], params)[0].outputs[0].text
     turn2 = turn1 + [{"role": "assistant", "content": answer}, {"role": "user", "content": "Now the same for tin."}]
     out = cached.chat([turn2], params)[0]

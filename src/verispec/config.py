@@ -306,9 +306,9 @@ class EngineConfig:
     enable_prefix_caching: bool = opt(
         False,
         "reuse the keys and values of earlier requests' prefixes (system prompts, earlier turns), up to "
-        "prefix_cache_max_bytes; prompts are then prefilled through the decoding kernels (slower on long "
-        "uncached prompts: docs/design/outputs.md) so a request's tokens never depend on what was cached (torch "
-        "backend, batch_invariant)",
+        "prefix_cache_max_bytes; prompts are then prefilled through the decoding kernels (as GGUF models' "
+        "prompts are anyway; with float32 weights slower on long uncached prompts: docs/design/outputs.md) so a "
+        "request's tokens never depend on what was cached (torch backend, batch_invariant)",
     )
     prefix_cache_max_bytes: int = opt(2**30, "memory for cached prefixes; least recently used blocks leave first")
     enable_chunked_prefill: bool = opt(

@@ -88,7 +88,7 @@ class TorchRunner:
         self.kv_bytes_per_value = torch.finfo(dtype).bits // 8  # its KV cache holds the activations' dtype
         # every path of the model masks a tree and returns inner layers' states; prompts go through
         # the decoding kernels (split-invariant) under the model's `stack_rows` where the row-wise
-        # kernel runs batch-invariant: PROMPT_ROWS, or more where every matrix is tiles
+        # kernel runs batch-invariant: PROMPT_ROWS, or more where every matrix is GGUF blocks
         invariant = self.model.uses_kernel and batch_invariant
         prefill_rows = self.model.stack_rows - 1 if invariant else None
         self.capabilities = RunnerCapabilities(trees=True, hidden_states=True, prefill_rows=prefill_rows,

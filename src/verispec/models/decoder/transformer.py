@@ -154,12 +154,14 @@ def project(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) 
 
 
 PROMPT_ROWS = 48  # segments this long or longer are prompts: F.linear and SDPA's flash kernel
-# ... except on a model whose every matrix is tiles (gguf-int8's 32-weight formats): its prompts'
-# products are the decoding rows' own int8 products either way, and up to this many rows the
-# kernel's Stack (one call, the glue split by rows) beats the per-layer torch path; past it the
-# row-wise attention's cost, which grows with the square of the length, loses
+# ... except on a model whose every matrix is GGUF blocks (the exact `gguf` path, or gguf-int8's
+# tiles): up to this many rows its prompts go through the kernel's Stack, the decoding rows' own
+# products (so a prompt's keys, values and logits do not depend on how it is split), which beat
+# dequantising each matrix for F.linear on every model measured (the exact path: 1.07-1.99x at
+# 128-1000 tokens on the four GGUF models, docs/results/native-46/); past it the row-wise
+# attention's cost, which grows with the square of the length, loses
 # (docs/results/quant/2026-12-06-glue.md, "Prompts through the Stack on an all-tile model")
-TILED_PROMPT_ROWS = 640
+STACK_PROMPT_ROWS = 640
 KERNEL_WIDTH = 8  # rows per pass of the row-wise kernel over the weights (kernels/rowwise.cpp)
 
 
@@ -315,9 +317,9 @@ class Transformer:
         self._kernel = rowwise.kernel() if self.dtype == torch.float32 and self.lm_head.device.type == "cpu" else None
         self.uses_kernel = self._kernel is not None
         matrices = [m for L in self.layers for m in (L.qkv, L.o, L.gate_up, L.down)] + [self.lm_head]
-        all_tiles = all(isinstance(m, QuantTensor) and m.tiled for m in matrices)
+        all_blocks = all(isinstance(m, QuantTensor) for m in matrices)
         # segments shorter than this go through the Stack (_forward_rows), longer ones through the layers in torch
-        self.stack_rows = TILED_PROMPT_ROWS if self.uses_kernel and all_tiles else PROMPT_ROWS
+        self.stack_rows = STACK_PROMPT_ROWS if self.uses_kernel and all_blocks else PROMPT_ROWS
         # the layers as the kernel holds them (kernels/rowwise.h's Stack), handed over once
         self._stack = self._kernel_stack() if self.uses_kernel else None
         self.kernel_variant = self._kernel.variant() if self.uses_kernel else None  # avx512, avx2, neon, scalar

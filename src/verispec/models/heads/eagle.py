@@ -42,13 +42,13 @@ from verispec.models.kernels import rowwise
 from verispec.models.config import RopeConfig
 from verispec.models.decoder.kv_cache import KVCache
 from verispec.models.kernels.quant import BF16, F16, FORMATS, INT8, TILE_ROWS
-from verispec.models.decoder.transformer import TILED_PROMPT_ROWS, RopeTable
+from verispec.models.decoder.transformer import STACK_PROMPT_ROWS, RopeTable
 
 KERNEL_ROWS = 16  # drafting steps and short updates: the kernel's products; more rows: torch's
 # ... except a head whose every product is int8 tiles (a gguf-int8 target's): up to as many rows as
 # the target's own tiled prompts (its catch-up over skipped states, a prompt's at the first draft),
 # where the int8 products beat torch's, whereas float16 ones lose past 16 rows (docs/design/eagle.md)
-TILED_KERNEL_ROWS = TILED_PROMPT_ROWS
+TILED_KERNEL_ROWS = STACK_PROMPT_ROWS
 FUSED = {  # products made in one call: the kernel's Weight stacks the parts
     "qkv": ("midlayer.self_attn.q_proj", "midlayer.self_attn.k_proj", "midlayer.self_attn.v_proj"),
     "gate_up": ("midlayer.mlp.gate_proj", "midlayer.mlp.up_proj"),

@@ -1,4 +1,4 @@
-// Torch-free check of the kernel arithmetic (models/kernels/ops.h, quant.h, quant8.h, tile8.h) for one variant: runs
+// Torch-free check of the kernel arithmetic (models/kernels/ops.h, quant.h, quant8.h, tile8.h, ktile8.h) for one variant: runs
 // dot, products, attention, rmsnorm, both activations, and the unpacking of and products over every
 // GGUF block format (exact float32, and with int8 activations where quant8.h defines them) on fixed
 // pseudo-random inputs and prints
@@ -91,11 +91,12 @@ static void check_format(const std::vector<float>& x, int R) {
       const vs::XQ& xq = xr.xq;
       std::vector<uint8_t> wn(outs * rbn);
       for (int o = 0; o < outs; ++o) std::memcpy(wn.data() + o * rbn, w.data() + o * rb, rbn);
-      if constexpr (vs::Tile<T>::kDefined) {  // per block (tile8.h): 32 rows (the outputs repeated) as rows and as 2 tiles
+      if constexpr (vs::Tile<T>::kDefined) {  // per block (tile8.h, ktile8.h): 32 rows (the outputs repeated) as rows and as 2 tiles
         const int rows = 2 * vs::kTileRows;
-        std::vector<uint8_t> w32(rows * rbn), tiles(rows * rbn);
+        const int64_t tile_bytes = n / E * vs::Tile<T>::kTile;  // a tile (a K-quant's is larger than its 16 rows)
+        std::vector<uint8_t> w32(rows * rbn), tiles(2 * tile_bytes);
         for (int o = 0; o < rows; ++o) std::memcpy(w32.data() + o * rbn, wn.data() + (o % outs) * rbn, rbn);
-        for (int t = 0; t < 2; ++t) vs::tile_rows<T>(w32.data() + t * vs::kTileRows * rbn, rbn, n / 32, tiles.data() + t * (n / 32) * vs::Tile<T>::kTile);
+        for (int t = 0; t < 2; ++t) vs::tile_rows<T>(w32.data() + t * vs::kTileRows * rbn, rbn, n / E, tiles.data() + t * tile_bytes);
         constexpr int R6 = 6;  // 6 rows (x's rows repeated, the last two scaled): AMX where built with it
         std::vector<float> x6(R6 * n);
         for (int r = 0; r < R6; ++r)
@@ -111,8 +112,13 @@ static void check_format(const std::vector<float>& x, int R) {
           std::fprintf(stderr, "tiles differ from rows (format %d)\n", T);
           std::exit(1);
         }
+        // 16 rows in one pass (quant.cpp's wide passes: the K-quants' tiles anywhere, the others
+        // through AMX): the 6 rows again, scaled
+        bool wide = E == 256;
 #if defined(__AMX_INT8__)
-        if (vs::amx_ready()) {  // 16 rows in one AMX pass (quant.cpp's wide passes): the 6 rows again, scaled
+        wide = wide || vs::amx_ready();
+#endif
+        if (wide) {
           constexpr int R16 = 16;
           std::vector<float> x16(R16 * n);
           for (int r = 0; r < R16; ++r)
@@ -121,14 +127,16 @@ static void check_format(const std::vector<float>& x, int R) {
           const vs::XQ& xq16 = x16q.xq;
           std::vector<float> z1(R16 * rows), z2(R16 * rows);
           vs::block_range<T, R16>(xq16, w32.data(), z1.data(), n, rows, 0, rows);
-          vs::tile_range_amx<T, R16>(xq16, tiles.data(), z2.data(), n, rows, 0, 2);
+          if constexpr (E == 256) vs::ktile_range<T, R16>(xq16, tiles.data(), z2.data(), n, rows, 0, 2);
+#if defined(__AMX_INT8__)
+          else vs::tile_range_amx<T, R16>(xq16, tiles.data(), z2.data(), n, rows, 0, 2);
+#endif
           if (std::memcmp(z1.data(), z2.data(), z1.size() * sizeof(float)) != 0 ||
               std::memcmp(z1.data(), y1.data(), y1.size() * sizeof(float)) != 0) {
-            std::fprintf(stderr, "16 rows through AMX differ from rows (format %d)\n", T);
+            std::fprintf(stderr, "16 rows in one pass differ from rows (format %d)\n", T);
             std::exit(1);
           }
         }
-#endif
         out(y2.data(), R6 * rows);
       } else {
         for (int o = 0; o + 2 <= outs; o += 2) vs::products_i8<T, 3, 2>(xq, wn.data(), rbn, y.data(), n, outs, o);

@@ -231,15 +231,7 @@ inline void ktile_range(const XQ& xq, const uint8_t* __restrict w, float* __rest
           const V ws = mul(d, bits(bytes16(tb + 64 + 16 * j), 0, 0xFF));
           const V wm = mul(dmin, bits(bytes16(tb + 192 + 16 * j), 0, 0xFF));
 #pragma GCC unroll 8
-          for (int r = 0; r < R; ++r) {
-            int32_t x4[8];
-            std::memcpy(x4, xq.q + r * xq.n + 32 * b, 32);
-            I16 i0 = i16_zero(), i1 = i16_zero();  // integer sums: the grouping does not matter
-#pragma GCC unroll 4
-            for (int g = 0; g < 8; g += 2) i0 = dot4u_acc(i0, u[g], x4[g]), i1 = dot4u_acc(i1, u[g + 1], x4[g + 1]);
-            acc[r] = fmadd(to_float(add(i0, i1)), mul(ws, set1(xq.dx[r * (xq.n / 4) + 8 * b])), acc[r]);
-            acc[r] = fmadd(wm, set1(xq.sxb[r * (xq.n / 32) + b]), acc[r]);
-          }
+          for (int r = 0; r < R; ++r) block_acc<F, 0>(xq, b, r, block_dot<false>(xq, b, r, u), ws, wm, acc[r]);  // as Q4_1's tiles
         } else {
           const V ws0 = mul(d, from_i8(reinterpret_cast<const int8_t*>(tb + 32 + 16 * (2 * j))));
           const V ws1 = mul(d, from_i8(reinterpret_cast<const int8_t*>(tb + 32 + 16 * (2 * j + 1))));

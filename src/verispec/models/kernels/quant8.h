@@ -192,4 +192,28 @@ inline void products_i8(const XQ& xq, const uint8_t* __restrict w, int64_t rb, f
     for (int r = 0; r < R; ++r) y[r * ldy + o0 + b] = sum(acc[b][r]);
 }
 
+// The per-32-block steps of tile8.h's and ktile8.h's products (the 16 outputs in the lanes):
+// block_dot, block b's integer dot products of row r with the block's 8 groups of 4 weights u[g]
+// (unsigned, or signed int8 where Signed); block_acc, the arithmetic's float steps, i those dot
+// products (before the offset), ws / wm the outputs' scales and mins.
+template <bool Signed>
+VS_ALWAYS_INLINE inline I16 block_dot(const XQ& xq, int64_t b, int r, const Q64* u) {
+  int32_t x4[8];
+  std::memcpy(x4, xq.q + r * xq.n + 32 * b, 32);
+  I16 i0 = i16_zero(), i1 = i16_zero();  // two chains; integer sums, so the grouping does not matter
+#pragma GCC unroll 4
+  for (int g = 0; g < 8; g += 2) {
+    if constexpr (Signed) i0 = dot4s_acc(i0, u[g], x4[g]), i1 = dot4s_acc(i1, u[g + 1], x4[g + 1]);
+    else i0 = dot4u_acc(i0, u[g], x4[g]), i1 = dot4u_acc(i1, u[g + 1], x4[g + 1]);
+  }
+  return add(i0, i1);
+}
+
+template <class F, int Offset>
+VS_ALWAYS_INLINE inline void block_acc(const XQ& xq, int64_t b, int r, I16 i, V ws, V wm, V& acc) {
+  if constexpr (Offset != 0) i = sub_all(i, Offset * xq.sb[r * (xq.n / 32) + b]);
+  acc = fmadd(to_float(i), mul(ws, set1(xq.dx[r * (xq.n / 4) + 8 * b])), acc);
+  if constexpr (F::kMin) acc = fmadd(wm, set1(xq.sxb[r * (xq.n / 32) + b]), acc);
+}
+
 }  // namespace vs

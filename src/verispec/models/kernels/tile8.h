@@ -150,15 +150,6 @@ struct Tile<Q4_K> : KTile<Q4_K> {};
 template <>
 struct Tile<Q6_K> : KTile<Q6_K> {};
 
-// the arithmetic's float steps for block b of row r: i its 16 outputs' integer dot products
-// (before the offset), ws / wm their scales and mins; tile_range and tile_range_amx share it
-template <class F, int Offset>
-VS_ALWAYS_INLINE inline void block_acc(const XQ& xq, int64_t b, int r, I16 i, V ws, V wm, V& acc) {
-  if constexpr (Offset != 0) i = sub_all(i, Offset * xq.sb[r * (xq.n / 32) + b]);
-  acc = fmadd(to_float(i), mul(ws, set1(xq.dx[r * (xq.n / 4) + 8 * b])), acc);
-  if constexpr (F::kMin) acc = fmadd(wm, set1(xq.sxb[r * (xq.n / 32) + b]), acc);
-}
-
 }  // namespace vs
 
 #if defined(__AMX_INT8__)
@@ -226,15 +217,7 @@ inline void tile_range32(const XQ& xq, const uint8_t* __restrict w, float* __res
       F::load(tb, u, ws, wm);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        int32_t x4[8];
-        std::memcpy(x4, xq.q + r * xq.n + 32 * b, 32);
-        I16 i0 = i16_zero(), i1 = i16_zero();  // two chains; integer sums, so the grouping does not matter
-#pragma GCC unroll 4
-        for (int g = 0; g < 8; g += 2) {
-          if constexpr (F::kSigned) i0 = dot4s_acc(i0, u[g], x4[g]), i1 = dot4s_acc(i1, u[g + 1], x4[g + 1]);
-          else i0 = dot4u_acc(i0, u[g], x4[g]), i1 = dot4u_acc(i1, u[g + 1], x4[g + 1]);
-        }
-        block_acc<F, F::kOffset>(xq, b, r, add(i0, i1), ws, wm, acc[r]);
+        block_acc<F, F::kOffset>(xq, b, r, block_dot<F::kSigned>(xq, b, r, u), ws, wm, acc[r]);
       }
     }
     for (int r = 0; r < R; ++r) store(y + r * ldy + kTileRows * t, acc[r]);

@@ -259,8 +259,10 @@ std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> Stack::forward(at::T
       mark(kGlue);
       Product(P, nl, *head_, logits.data_ptr<float>(), xq(*head_, pq)).share(t, n);
     }
+    if (profiling_) {  // every thread reads the same flag, so all or none meet here
 #pragma omp barrier
-    mark(nl ? kHead : kGlue);
+      mark(nl ? kHead : kGlue);
+    }
   }
   if (profiling_) ++profiled_;
   return {norm_ ? hn : x, logits, captured};

@@ -157,8 +157,7 @@ PROMPT_ROWS = 48  # segments this long or longer are prompts: F.linear and SDPA'
 # ... except on a model whose every matrix is GGUF blocks (the exact `gguf` path, or gguf-int8's
 # tiles): up to this many rows its prompts go through the kernel's Stack, the decoding rows' own
 # products (so a prompt's keys, values and logits do not depend on how it is split), which beat
-# dequantising each matrix for F.linear on every model measured (the exact path: 1.07-1.99x at
-# 128-1000 tokens on the four GGUF models, docs/results/native-46/); past it the row-wise
+# dequantising each matrix for F.linear (docs/results/native-46/); past it the row-wise
 # attention's cost, which grows with the square of the length, loses
 # (docs/results/quant/2026-12-06-glue.md, "Prompts through the Stack on an all-tile model")
 STACK_PROMPT_ROWS = 640

@@ -233,9 +233,9 @@ struct Format<Q8_0> {  // d, qs[32] (int8): w = q * d
 };
 
 // A block's per-sub-block scales are computed as vectors and stored; each is then broadcast from
-// memory. The compiler barrier keeps the compiler from forwarding the stores into register permutes
-// (it did: two 512-bit permutes per 32 weights beside the lookups' own, where permutes bound the
-// products' throughput); a broadcast from memory takes a load port instead.
+// memory, which takes a load port, where a broadcast from a register takes the permute port the
+// lookups need. The compiler barrier keeps the compiler from forwarding the stores into register
+// permutes.
 #define VS_FROM_MEMORY() asm volatile("" ::: "memory")
 
 // Q4_K / Q5_K: the 12 bytes of 6-bit scales and mins as 16 bytes: sc0..7, then m0..7
@@ -255,8 +255,7 @@ inline void k_scale_bytes(const uint8_t* b, uint8_t out[16]) {
 // Q4_K / Q5_K: weights 64c .. 64c + 63 (c = 0..3) are sub-block 2c (the low nibbles of
 // qs[32c ..]) then 2c + 1 (the high nibbles); sub-block s: w = (d * sc_s) * q - dmin * m_s, with
 // Q5_K's fifth bit s of qh[l]. The 16 products d * sc_s and dmin * m_s in two vector multiplies
-// per block, kept in memory: each sub-block's pair is then a broadcast load, not a scalar product
-// and a register broadcast (which took the permutes' port). The same IEEE operations as before.
+// per block, kept in memory: each sub-block's pair is then a broadcast load (VS_FROM_MEMORY).
 template <bool Five, class F>
 VS_ALWAYS_INLINE inline void each_k(const uint8_t* b, F&& f) {
   alignas(64) uint8_t sm[16];

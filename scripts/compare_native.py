@@ -28,7 +28,7 @@ from verispec.bench.profile import measure_bandwidth
 from verispec.models.kernels import rowwise
 from verispec.models.weights import chunked
 from verispec.models.weights.registry import resolve
-from verispec.runners.costs import kv_bytes_read
+from verispec.runners.costs import kv_bytes_read, time_forwards
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and tests."
 
@@ -68,23 +68,6 @@ def ours_prefill(llm: LLM, n: int, repeats: int) -> float:
     return best
 
 
-def ours_rows_ms(llm: LLM, rows: int, repeats: int = 10, context: int = 64) -> float:
-    """Best of `repeats` forwards of `rows` new tokens (logits at each: a verification) after `context`."""
-    runner = llm.runner
-    seq = runner.open(context + rows + 1)
-    try:
-        runner.forward(seq, [100 + i for i in range(context)], num_logits=1)
-        best = float("inf")
-        for _ in range(repeats + 1):
-            t = time.perf_counter()
-            runner.forward(seq, [200 + i for i in range(rows)], num_logits=rows)
-            best = min(best, time.perf_counter() - t)
-            runner.truncate(seq, context)
-        return best * 1000
-    finally:
-        runner.close(seq)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     default_models = ["smollm2-135m", "gemma3-270m", *[m for m in chunked.CHUNKED if chunked.is_cached(m)]]
@@ -119,7 +102,8 @@ def main() -> int:
             if not args.no_prefill:
                 row[f"{fmt}_pp"] = ours_prefill(llm, args.prompt_tokens, args.repeats)
             if args.batch_rows:
-                row[f"{fmt}_batch_ms"] = ours_rows_ms(llm, args.batch_rows)
+                # one forward of batch_rows new tokens with logits at each (a verification) after 64, best of 10
+                row[f"{fmt}_batch_ms"] = time_forwards(llm.runner, 64, [args.batch_rows], repeats=10, best=True)[0]
             weights = llm.runner.weight_bytes
             kv = kv_bytes_read(llm.runner.config, 64, llm.runner.kv_bytes_per_value)
             row[f"{fmt}_floor_tg"] = bandwidth * 1e9 / (weights + kv)

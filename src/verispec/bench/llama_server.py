@@ -1,5 +1,5 @@
-"""llama.cpp's own `llama-server` as a benchmark peer: native plain decoding (and, given a draft
-model, its own speculative decoding), over HTTP as its users run it.
+"""llama.cpp's own `llama-server` as a benchmark peer: native plain decoding, over HTTP as its users
+run it.
 
 The server is the binary `make peers` builds (verispec.bench.native), started on the target GGUF with
 this process's thread count, one slot and no prompt cache reuse between runs, bound to 127.0.0.1 on a
@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import json
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -22,12 +21,7 @@ from pathlib import Path
 
 from verispec.bench import native
 from verispec.bench.methods import Run, Unavailable
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from verispec.server.loadtest import free_port
 
 
 def _die_with_parent() -> None:
@@ -35,10 +29,9 @@ def _die_with_parent() -> None:
 
 
 class LlamaServerMethod:
-    """A real llama-server process on the GGUF target; draft: its draft-model speculation (n_max drafts)."""
+    """A real llama-server process on the GGUF target, decoding plainly."""
 
-    def __init__(self, name: str, gguf_path: Path, threads: int, draft: Path | None = None, n_max: int = 4,
-                 context: int = 4096, timeout: float = 300.0) -> None:
+    def __init__(self, name: str, gguf_path: Path, threads: int, context: int = 4096, timeout: float = 300.0) -> None:
         try:
             binary = native.tool("llama-server")
         except native.NativeUnavailable as e:
@@ -46,13 +39,11 @@ class LlamaServerMethod:
         self.name = name
         self.speculative = False  # a peer: compared, not held to our exactness
         self.weight_bytes = gguf_path.stat().st_size
-        port = _free_port()
+        port = free_port()
         self.base = f"http://127.0.0.1:{port}"
         cmd = [str(binary), "-m", str(gguf_path), "-t", str(threads), "-c", str(context), "--port", str(port),
                "--host", "127.0.0.1", "-np", "1", "--no-webui", "--cache-reuse", "0"]
-        if draft is not None:
-            cmd += ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(n_max), "-td", str(threads)]
-        self._log = open(Path(native.build_dir()) / f"llama-server-{port}.log", "w")
+        self._log = open(native.build_dir() / f"llama-server-{port}.log", "w")
         self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         deadline = time.time() + timeout
         while True:
@@ -84,8 +75,7 @@ class LlamaServerMethod:
         ttft = timings.get("prompt_ms", 0.0) / 1000
         if tokens and timings.get("predicted_n"):
             ttft += timings["predicted_ms"] / 1000 / timings["predicted_n"]  # the first token's share of generation
-        forwards = 1 + max(0, len(tokens) - 1 - int(timings.get("draft_n_accepted", 0)))
-        return Run(tokens, wall, ttft, forwards)
+        return Run(tokens, wall, ttft, len(tokens))  # plain decoding: a forward a token, the prompt's included
 
     def close(self) -> None:
         if self._proc.poll() is None:

@@ -35,12 +35,12 @@ def test_greedy_hybrid_identical_to_plain(reference, drafter, tiny_dir, tmp_path
 
 
 def test_model_drafts_that_cannot_pay_are_left_out(reference, tiny_dir, monkeypatch):
-    """A draft model as large as the target costs a forward a token: even at a high acceptance
-    it could not pay, so the policy never gives the model's kind a k (not even a probe), while
-    suffix's free drafts go on."""
+    """A draft model as large as the target costs a forward a token (priced so here: timed, the
+    two tiny models' forwards differ by noise): even at a high acceptance it could not pay, so the
+    policy never gives the model's kind a k (not even a probe), while suffix's free drafts go on."""
     target, ps, params, ref = reference
     llm = LLM(str(target), speculative={"method": "hybrid", "hybrid_drafter": "draft_model", "num_speculative_tokens": 4,
-                                        "draft_model": str(tiny_dir("llama", seed=7))})
+                                        "draft_model": str(tiny_dir("llama", seed=7)), "draft_cost": 1.0})
     hybrid = llm.engine.proposer
     assert hybrid.kind_cost("model") == pytest.approx(1.0) and hybrid.kind_cost("request:long") == 0
     asked = []
@@ -73,7 +73,8 @@ def test_hybrid_options_are_checked(tiny_dir):
 def test_suffix_drafts_are_sized_by_their_path_probabilities_the_models_by_its_rate(reference, tiny_dir, monkeypatch):
     """As suffix decoding's alone, the adaptive policy cuts the hybrid's suffix chains where their
     tokens' calibrated path probabilities stop paying (policy.tree_shape), not at their kind's
-    rate; the model's drafts carry no such probabilities and get their kind's k."""
+    rate; a model draft that carries no such probabilities (and is not sized by its drafter) gets
+    its kind's k."""
     from verispec.proposers.base import Draft
     target, ps, params, ref = reference
     llm = LLM(str(target), speculative={"method": "hybrid", "hybrid_drafter": "draft_model", "num_speculative_tokens": 8,
@@ -91,7 +92,7 @@ def test_suffix_drafts_are_sized_by_their_path_probabilities_the_models_by_its_r
         monkeypatch.setattr(hybrid, "propose", lambda seq, budget, d=drafts[source]: budgets.append(budget) or d)
         for _ in range(6):  # each kind's rate: all 8 accepted (or none)
             req.estimates[drafts[source].kind].observe(8, rate)
-        got = dec._propose(req, 1)
+        got = dec._propose([req])[0]
         if source == "suffix":
             assert len(got) == 2  # its doubtful tail cut, whatever its kind's rate
         else:  # the first k of the model's draft, k from its kind's rate: several, or none (a probe's one at most)

@@ -31,17 +31,24 @@ def exact_second_token_distribution(llm):
     return p2.double().numpy()
 
 
-@pytest.fixture(scope="module", params=["draft_model", "suffix", "suffix-adaptive", "eagle3", "hybrid"])
+# draft_model-stops: adaptive k with a cheap draft over the vocabulary's first 48 ids, so chains stop
+# where the draft's confidence says (proposers/draft_model.py) and q is zero past its head
+DRAFT_STOPS = {"adaptive_k": True, "draft_cost": 0.05, "draft_head_rows": 48}
+
+
+@pytest.fixture(scope="module", params=["draft_model", "draft_model-stops", "suffix", "suffix-adaptive", "eagle3", "hybrid"])
 def spec_llm(tiny_dir, request, tmp_path_factory):
     """A draft model (soft draft probabilities), suffix decoding (one-hot drafts from the
     request's own text, PROMPT repeats "20 21", and, unseeded, from the earlier samples), an
     EAGLE-3 head (soft probabilities over its draft vocabulary, zero outside it), or the hybrid
     (suffix's one-hot drafts where it is confident, the draft model's soft ones elsewhere).
     suffix-adaptive: suffix's chains cut by the adaptive policy from their own path probabilities."""
-    spec = {"method": request.param.removesuffix("-adaptive"), "num_speculative_tokens": 3,
+    spec = {"method": request.param.removesuffix("-adaptive").removesuffix("-stops"), "num_speculative_tokens": 3,
             "adaptive_k": request.param.endswith("-adaptive")}
-    if request.param in ("draft_model", "hybrid"):
+    if request.param in ("draft_model", "draft_model-stops", "hybrid"):
         spec["draft_model"] = str(tiny_dir("llama", seed=7))
+    if request.param == "draft_model-stops":
+        spec.update(DRAFT_STOPS)
     if request.param == "hybrid":
         spec.update(hybrid_drafter="draft_model", hybrid_min_score=0.5)
     if request.param == "eagle3":
@@ -54,19 +61,48 @@ def eagle_head(folder):
     return write_eagle3_head(folder, seed=3, draft_vocab=48, aux_layers=[0, 1, 1], scale=0.4)
 
 
+def exact_token_distribution(llm, index):
+    """P(t_index) over every path of earlier output tokens, each step processed like the engine."""
+    runner = llm.runner
+    seq = runner.open(len(PROMPT) + index + 1)
+
+    def walk(prefix, weight, out):
+        runner.truncate(seq, len(PROMPT) + len(prefix) - 1 if prefix else 0)
+        logits = runner.forward(seq, (PROMPT if not prefix else []) + prefix[-1:], 1).logits
+        p = logits_to_probs(logits, TEMP, TOP_K, TOP_P)[0]
+        if len(prefix) == index:
+            out += weight * p.double()
+            return
+        for t in torch.nonzero(p).flatten().tolist():
+            walk(prefix + [t], weight * float(p[t]), out)
+
+    out = torch.zeros(runner.vocab_size, dtype=torch.float64)
+    walk([], 1.0, out)
+    runner.close(seq)
+    return out.numpy()
+
+
 def test_second_token_matches_target_distribution(spec_llm):
     pvalue = second_token_pvalue(spec_llm)
     assert pvalue > 1e-6, f"speculative sampling deviates from the target: p = {pvalue:.2e}"
 
 
-def second_token_pvalue(spec_llm, n=2500):
-    exact = exact_second_token_distribution(spec_llm)
+def test_third_token_matches_with_confidence_stops(tiny_dir):
+    """The draft model's stops act from its second draft token on: the third output token is the
+    first they can touch."""
+    spec = {"method": "draft_model", "draft_model": str(tiny_dir("llama", seed=7)), "num_speculative_tokens": 3, **DRAFT_STOPS}
+    pvalue = second_token_pvalue(LLM(str(tiny_dir("llama", seed=0)), speculative=spec), index=2)
+    assert pvalue > 1e-6, f"speculative sampling deviates from the target: p = {pvalue:.2e}"
+
+
+def second_token_pvalue(spec_llm, n=2500, index=1):
+    exact = exact_second_token_distribution(spec_llm) if index == 1 else exact_token_distribution(spec_llm, index)
     params = [SamplingParams(temperature=TEMP, top_k=TOP_K, top_p=TOP_P, seed=s, max_tokens=5, ignore_eos=True) for s in range(n)]
     counts = np.zeros_like(exact)
     accepted = drafted = 0
     for p in params:
         out = spec_llm.generate([PROMPT], p)[0]
-        counts[out.token_ids[1]] += 1
+        counts[out.token_ids[index]] += 1
         accepted += out.metrics.num_accepted_tokens
         drafted += out.metrics.num_draft_tokens
     assert 0 < accepted < drafted  # both the accept and the residual paths ran
@@ -135,3 +171,52 @@ def test_eagle_q_is_what_it_sampled_from(tiny_dir, tmp_path, monkeypatch):
 
     monkeypatch.setattr(eagle.EagleProposer, "_choose", wrong_q)
     assert choose_pvalue(proposer) < 1e-6
+
+
+def stopped_draft_pvalue(proposer, n=3000):
+    """Draw n two-token drafts from one context through the draft model's sampling step, keeping
+    the second token where its confidence (path probability over the first's) reaches 0.6 of the
+    largest probability of its position (for the commonest first token: known from a first pass);
+    among the drafts whose first token is the commonest one, the second tokens kept must follow the
+    q reported for them (chi-square): whether a token is kept may depend on the tokens before it,
+    never on itself."""
+    from verispec.proposers.base import Budget, SequenceView
+
+    params = SamplingParams(temperature=TEMP, top_k=TOP_K, top_p=TOP_P, seed=0)
+
+    def draw(count, worth):
+        drafts = []
+        for i in range(count):
+            view = SequenceView(i, list(PROMPT), len(PROMPT), params, torch.Generator().manual_seed(i), len(PROMPT) + 4)
+            proposer.begin(view)
+            drafts.append(proposer.propose(view, Budget(2, 0, lambda kind: 2, worth)))
+            proposer.end(view)
+        return drafts
+
+    drafts = draw(300, lambda kind, probs: True)
+    first = np.bincount([d.tokens[0] for d in drafts]).argmax()
+    threshold = 0.6 * float(next(d for d in drafts if d.tokens[0] == first).probs[1].max())
+    drafts = draw(n, lambda kind, probs: probs[-1] / probs[-2] >= threshold)
+    kept = [d for d in drafts if d.tokens[0] == first and len(d) == 2]
+    assert len(kept) >= 200, f"too few second tokens kept ({len(kept)}) to test"
+    q = kept[0].probs[1].double().numpy()  # the same context, so the same q for all of them
+    counts = np.bincount([d.tokens[1] for d in kept], minlength=q.size).astype(float)
+    assert counts[q == 0].sum() == 0
+    big = q * len(kept) >= 10
+    obs, exp = counts[big], q[big] * len(kept)
+    if q[~big].sum() * len(kept) >= 1:  # the rare tokens pooled
+        obs, exp = np.append(obs, counts[~big].sum()), np.append(exp, q[~big].sum() * len(kept))
+    return chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
+
+
+def test_draft_model_stops_never_select_a_token_on_itself(tiny_dir, monkeypatch):
+    """The draft model's confidence stops read each position's distribution before its token is
+    drawn; negative control: a stop that reads the drawn token's own probability keeps likely
+    tokens and drops unlikely ones, and is caught."""
+    import verispec.proposers.draft_model as draft_model
+
+    spec = {"method": "draft_model", "draft_model": str(tiny_dir("llama", seed=0)), "num_speculative_tokens": 3, **DRAFT_STOPS}
+    proposer = LLM(str(tiny_dir("llama", seed=0)), speculative=spec).decoder.proposer
+    assert stopped_draft_pvalue(proposer) > 1e-6
+    monkeypatch.setattr(draft_model, "confidence", lambda q, token: float(q[token]))
+    assert stopped_draft_pvalue(proposer) < 1e-6

@@ -259,7 +259,7 @@ def test_chains_are_sized_by_their_own_path_probabilities(tiny_dir, monkeypatch)
     monkeypatch.setattr(dec.proposer, "propose", lambda seq, k: sure_then_doubtful)
     for _ in range(6):  # the kind's rate says: draft all 8
         req.estimates["request:short"].observe(8, 8)
-    assert len(dec._propose(req, 1)) == 2
+    assert len(dec._propose([req])[0]) == 2
     dec.finish(req)
 
 

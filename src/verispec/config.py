@@ -179,6 +179,13 @@ class SpeculativeConfig:
     num_speculative_tokens: int = opt(4, "draft tokens proposed per step (k)")
     draft_model: str | None = opt(None, "draft model (name or path) for method draft_model; for eagle3 an "
                                         "EAGLE head folder (default: the head shipped for a bundled model)")
+    draft_head_rows: int = opt(
+        32768, "draft_model: the draft's logits over the vocabulary's first N token ids only (a BPE vocabulary lists "
+        "its tokens about most frequent first; the draft then never proposes the rest, which the target still "
+        "writes itself): a cheaper draft step on a large vocabulary; 0 = the whole vocabulary")
+    draft_cost: float | None = opt(
+        None, "draft_model: a draft token's price in one-token target forwards, which adaptive k weighs drafts "
+        "against (default: the two models' forwards timed once per machine and pair, then read from the verispec cache)")
     prompt_lookup_min: int = opt(2, "smallest n-gram prompt lookup matches")
     prompt_lookup_max: int = opt(4, "largest n-gram prompt lookup matches")
     suffix_decoding_max_tree_depth: int = opt(
@@ -227,6 +234,12 @@ class SpeculativeConfig:
             raise InvalidSpeculativeConfigError(f"num_speculative_tokens must be in 1..64, got {k!r}")
         if self.method is not None and not isinstance(self.method, str):
             raise InvalidSpeculativeConfigError(f"method must be a string, got {self.method!r}")
+        rows = self.draft_head_rows
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+            raise InvalidSpeculativeConfigError(f"draft_head_rows must be an integer >= 0, got {rows!r}")
+        if self.draft_cost is not None and (isinstance(self.draft_cost, bool) or not isinstance(self.draft_cost, (int, float))
+                                            or not 0 <= self.draft_cost < 100):
+            raise InvalidSpeculativeConfigError(f"draft_cost must be a number in [0, 100), got {self.draft_cost!r}")
         n_min, n_max = self.prompt_lookup_min, self.prompt_lookup_max
         if not all(isinstance(n, int) and not isinstance(n, bool) for n in (n_min, n_max)) or not 1 <= n_min <= n_max:
             raise InvalidSpeculativeConfigError(

@@ -192,7 +192,7 @@ class SpeculativeDecoder:
         forward is a ragged batch of [pending] + draft per request. Returns each one's emitted tokens.
         """
         # 1. propose
-        drafts = [self._propose(req, len(reqs)) for req in reqs]
+        drafts = self._propose(reqs)
         for req, draft in zip(reqs, drafts):
             if req.processor is not None:
                 req.processor.begin_step(draft.tokens)
@@ -285,20 +285,27 @@ class SpeculativeDecoder:
         logits = [p[0] if len(p) == 1 else torch.cat(p) for p in parts]
         return logits, [torch.cat(p) if p else None for p in state_parts]
 
-    def _propose(self, req: Request, batch_size: int) -> Draft:
-        """Step 1 for one request: the policy's budget, the drafter's draft, the policy's cut of it,
-        the grammar's cut. Trees where the decoder takes them and the request processes no logits."""
+    def _propose(self, reqs: list[Request]) -> list[Draft]:
+        """Step 1 for a running batch: each request's budget from the policy, the drafter's drafts
+        (for all of them at once: `propose_batch`), each draft's cut by the policy and by its
+        request's grammar. Trees where the decoder takes them and the request processes no logits."""
         if self.proposer is None:
-            return Draft(tokens=[])
-        early_exit = req.params.greedy  # see _verify; the policy weighs the chunks it may skip
-        nodes = self.tree_nodes if req.processor is None else 0
-        budget = self.policy.budget(req.estimates.__getitem__, batch_size, req.room, early_exit, nodes,
-                                    self.proposer.kind_cost)
-        if budget.depth <= 0:
-            return Draft(tokens=[])
-        draft = self.proposer.propose(req.view, budget)
-        draft = self.policy.size(draft, req.estimates[draft.kind], budget, batch_size, early_exit) if len(draft) else draft
-        return self._allowed(req, draft)
+            return [Draft(tokens=[]) for _ in reqs]
+        early_exit = [req.params.greedy for req in reqs]  # see _verify; the policy weighs the chunks it may skip
+        budgets = [self.policy.budget(req.estimates.__getitem__, len(reqs), req.room, exit_, self.tree_nodes if req.processor is None else 0,
+                                      self.proposer.kind_cost) for req, exit_ in zip(reqs, early_exit)]
+        drafting = [i for i, b in enumerate(budgets) if b.depth > 0]
+        drafts = [Draft(tokens=[]) for _ in reqs]
+        if drafting:
+            proposed = self.proposer.propose_batch([reqs[i].view for i in drafting], [budgets[i] for i in drafting])
+            for i, draft in zip(drafting, proposed):
+                req = reqs[i]
+                if len(draft):
+                    draft = self.policy.size(draft, req.estimates[draft.kind], budgets[i], len(reqs), early_exit[i])
+                    if not len(draft):  # nothing of it pays: the drafter learns now that none of it is kept
+                        self.proposer.accept(req.view, 0)
+                drafts[i] = self._allowed(req, draft)
+        return drafts
 
     def _allowed(self, req: Request, draft: Draft) -> Draft:
         """The draft cut where its request's grammar rejects a token: nothing after it could be kept.

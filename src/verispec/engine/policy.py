@@ -234,7 +234,26 @@ class SpeculationPolicy:
                 chosen[kind] = min(self.choose(estimate_of(kind), batch_size, early_exit, cost), depth)
             return chosen[kind]
 
-        return Budget(depth, nodes if depth > 0 else 0, pays)
+        def worth(kind: str, path_probs: list[float]) -> bool:
+            return self.worth(path_probs, estimate_of(kind), None if kind_cost is None else kind_cost(kind))
+
+        return Budget(depth, nodes if depth > 0 else 0, pays, worth)
+
+    def worth(self, path_probs: list[float], estimate: AcceptanceEstimate, draft_cost: float | None = None) -> bool:
+        """Whether a chain's last node still raises its step's tokens per unit of cost: its
+        calibrated path probability q (its chance of being kept: the drafter's estimate scaled by
+        the kind's main-path calibration) against the rate of the chain before it times what the
+        node adds to the cost (a draft token, its overhead, one more row to verify). Non-adaptive
+        policies draft to the end. Example: the module's cost, draft_cost 0.3, calibration 1, path
+        [0.9, 0.8, 0.5]: before the third node 2.7 tokens for 1.3 + 0.7 = 2.0 (rate 1.35); the third
+        adds 0.15 + 0.35: worth it if q >= 0.675, and 0.5 is not."""
+        if not self.adaptive or not path_probs:
+            return True
+        per_draft = (self.draft_cost if draft_cost is None else draft_cost) + DRAFT_OVERHEAD
+        q = self._calibrated(path_probs, estimate, None)
+        n = len(q)
+        rate = (1.0 + sum(q[:-1])) / (self._cost(n) + (n - 1) * per_draft)
+        return q[-1] >= rate * (self._cost(n + 1) - self._cost(n) + per_draft)
 
     def _most(self, batch_size: int, early_exit: bool) -> int:
         """The k that pays at acceptance 1 (`choose` on a fresh estimate: no probe is ever due), kept
@@ -247,13 +266,14 @@ class SpeculationPolicy:
 
     def size(self, draft: Draft, estimate: AcceptanceEstimate, budget: Budget, batch_size: int,
              early_exit: bool) -> Draft:
-        """What of a drafter's draft to verify. A draft whose tokens carry probabilities
+        """What of a drafter's draft to verify. A chain the drafter sized itself (`Draft.sized`,
+        stopped where `worth` said) is verified whole. A draft whose tokens carry probabilities
         (`node_probs`: trees, suffix decoding's chains) keeps the nodes those pay for (`tree_shape`,
         calibrated by its kind's `estimate`): a tree's first n nodes, or the first n of its main
         path as a chain; any other chain is cut to the k its kind pays for. A tree without
         probabilities is not verified. Example: a chain with node_probs [0.9, 0.6, 0.3, 0.1] on
         the cost of the module's example keeps 2 tokens."""
-        if not len(draft):
+        if not len(draft) or draft.sized:
             return draft
         if draft.node_probs is None:
             if draft.parents is not None:

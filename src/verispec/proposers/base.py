@@ -54,6 +54,9 @@ class Draft:
     # Nodes deeper than this were guessed past the text the drafter matched (suffix decoding's
     # drafts longer than their match); their estimates are calibrated apart (node_groups).
     past_match: int | None = None
+    # A chain the drafter already stopped where the policy's `Budget.worth` said (a draft model's
+    # confidence stops): the policy verifies it whole; its node_probs still calibrate its kind.
+    sized: bool = False
 
     def __post_init__(self) -> None:
         if self.parents is not None:
@@ -66,7 +69,7 @@ class Draft:
         """The draft's first n tokens (a tree's first n nodes: a tree too)."""
         cut = lambda xs: None if xs is None else xs[:n]  # noqa: E731
         return Draft(self.tokens[:n], cut(self.probs), parents=cut(self.parents), node_probs=cut(self.node_probs), kind=self.kind,
-                     past_match=self.past_match)
+                     past_match=self.past_match, sized=self.sized)
 
     @property
     def depth(self) -> int:
@@ -155,11 +158,16 @@ class Budget:
     depth: int  # the longest draft (a tree: its deepest path) the step may verify; 0: no draft
     nodes: int = 0  # a tree's most nodes; 0: chains only (trees off, or the request processes logits)
     pays: Callable[[str], int] = lambda kind: 0  # draft tokens of this kind that pay now (at most depth)
+    # worth(kind, path_probs): whether a chain's last node, drafted with these path probabilities
+    # (the drafter's own: each node's chance that it and every node before it are accepted), still
+    # adds to the step's tokens per unit of cost: a drafter whose tokens cost stops drafting there
+    worth: Callable[[str, list[float]], bool] = lambda kind, probs: True
 
     @classmethod
-    def chain(cls, k: int) -> "Budget":
-        """A chain of up to k tokens, whatever the kind (a drafter driving another)."""
-        return cls(k, 0, lambda kind: k)
+    def chain(cls, k: int, worth: Callable[[str, list[float]], bool] | None = None) -> "Budget":
+        """A chain of up to k tokens, whatever the kind (a drafter driving another), with the
+        driver's `worth` where it has one."""
+        return cls(k, 0, lambda kind: k, worth or (lambda kind, probs: True))
 
 
 class Proposer:
@@ -213,6 +221,11 @@ class Proposer:
         chain, or with `proposes_trees` and `budget.nodes` > 0 a tree with `parents` and
         `node_probs` both set (a tree lacking node_probs is not verified)."""
         raise NotImplementedError
+
+    def propose_batch(self, seqs: list[SequenceView], budgets: list[Budget]) -> list[Draft]:
+        """`propose` for every request of a running batch at once (a draft model drafts for all of
+        them in one forward per draft position); by default one request after another."""
+        return [self.propose(seq, budget) for seq, budget in zip(seqs, budgets)]
 
     def accept(self, seq: SequenceView, num_accepted: int) -> None:
         """The target kept the first `num_accepted` tokens of the last draft (of a tree: the

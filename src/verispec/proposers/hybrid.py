@@ -81,7 +81,8 @@ class HybridProposer(Proposer):
         if k_model > 0:
             self._last[seq.request_id] = self.model
             self.stats["model"] += 1
-            return dataclasses.replace(self.model.propose(seq, Budget.chain(k_model)), kind="model")
+            chain = Budget.chain(k_model, lambda kind, probs: budget.worth("model", probs))
+            return dataclasses.replace(self.model.propose(seq, chain), kind="model")
         if pick is not None:
             return self._suffix(seq, pick)
         self.stats["none"] += 1

@@ -102,8 +102,10 @@ class ModelRunner(Protocol):
     def cost_identity(self) -> str:
         """What this runner's forward cost depends on, beside the machine (runners/costs.py)."""
 
-    def build_drafter(self, model: str) -> "ModelRunner":
-        """A runner for a draft model `model` beside this one: same backend and dtype."""
+    def build_drafter(self, model: str, head_rows: int | None = None) -> "ModelRunner":
+        """A runner for a draft model `model` beside this one: same backend and dtype, on the
+        cheapest arithmetic the backend has; `head_rows`: logits over the vocabulary's first ids
+        only, where the backend can (None: all)."""
 
     def vocab_fingerprint(self) -> str:
         """Vocabulary size and the tokenizer's fingerprint: a drafter must match its target's."""

@@ -196,3 +196,19 @@ def kv_bytes_read(config, context: int, bytes_per_value: float) -> int:
         window = config.sliding_window if kind == SLIDING and config.sliding_window else context
         positions += min(context, window)
     return int(positions * config.num_kv_heads * config.head_dim * 2 * bytes_per_value)
+
+
+def cached_relative_cost(draft, target, context: int = 256, repeats: int = 5) -> float:
+    """A draft model's one-token forward over the target's (best of `repeats` each, after
+    `context` tokens): a draft token's price in the k policy. Timed once per machine and pair
+    (both runners' `cost_identity()`, the thread count) and kept in the verispec cache, as the
+    curves are, so every request of every run prices drafts alike."""
+    key = f"{cpu_name()}|{draft.cost_identity()}|over|{target.cost_identity()}|{torch.get_num_threads()} threads"
+
+    def measure() -> float:
+        log(f"timing the draft model's forward against the target's once for this machine (cached in {cache_root() / 'draft-costs.json'})")
+        ctx = max(0, min(context, draft.max_context - 1, target.max_context - 1))
+        (d,), (t,) = time_forwards(draft, ctx, [1], repeats, best=True), time_forwards(target, ctx, [1], repeats, best=True)
+        return d / max(t, 1e-9)
+
+    return float(memoised("draft-costs.json", key, measure))

@@ -317,8 +317,9 @@ class LlamaCppRunner:
         """llama.cpp's built-in curve, split into decodes of at most `invariant_rows` rows."""
         return llamacpp_cost(self.invariant_rows)
 
-    def build_drafter(self, model: str):
-        """A runner for a draft model on llama.cpp too (a GGUF file, as shipped)."""
+    def build_drafter(self, model: str, head_rows: int | None = None):
+        """A runner for a draft model on llama.cpp too (a GGUF file, as shipped; its logits always
+        span the whole vocabulary, whatever `head_rows` asks)."""
         return build_runner(self.backend, RunnerConfig(model))
 
     # -- internals ----------------------------------------------------------------------------

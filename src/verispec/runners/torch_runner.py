@@ -85,6 +85,7 @@ class TorchRunner:
         self._caches: dict[int, KVCache] = {}
         self._ids = itertools.count()
         self.weight_bytes = sum(weight_bytes(w) for w in weights.values())
+        self.head_rows = config.vocab_size  # the logits' width: the vocabulary, or a drafter's first ids (build_drafter)
         self.kv_bytes_per_value = torch.finfo(dtype).bits // 8  # its KV cache holds the activations' dtype
         # every path of the model masks a tree and returns inner layers' states; prompts go through
         # the decoding kernels (split-invariant) under the model's `stack_rows` where the row-wise
@@ -129,7 +130,7 @@ class TorchRunner:
         # the variant and its build (sources, flags, compiler): a changed kernel is timed afresh
         kernel = f"{variant}:{rowwise.build_key(variant)[:8]}" if variant else "mkl"
         return (f"torch|{self.source}|{self.dtype}|{self.weights_format}|invariant={self.batch_invariant}|kernel={kernel}"
-                f"|width={self.model.invariant_width}")
+                f"|width={self.model.invariant_width}" + (f"|head={self.head_rows}" if self.head_rows < self.vocab_size else ""))
 
     def vocab_fingerprint(self) -> str:
         return vocab_fingerprint(self)
@@ -137,11 +138,21 @@ class TorchRunner:
     def builtin_cost(self) -> CostCurve:
         return torch_cost(self.batch_invariant, self.model.uses_kernel, self.model.invariant_width)
 
-    def build_drafter(self, model: str) -> "ModelRunner":
-        """Batch invariance is the target's concern: any draft verifies losslessly, and a sampled
-        draft's q is the distribution it was drawn from, so the drafter takes the faster kernels."""
+    def build_drafter(self, model: str, head_rows: int | None = None) -> "ModelRunner":
+        """A draft model's runner on the cheapest arithmetic its file allows. Exactness is the
+        target's concern: any draft verifies losslessly, and a sampled draft's q is the
+        distribution it was drawn from, so the drafter drops batch invariance, multiplies a GGUF
+        file's blocks with int8 activations (`gguf-int8`) whatever the target's arithmetic, and
+        with `head_rows` computes logits over the vocabulary's first ids only
+        (Transformer.restrict_head; None or 0: all of them)."""
         dtype = str(self.dtype).removeprefix("torch.")
-        return build_runner(self.backend, RunnerConfig(model, dtype=dtype, batch_invariant=False))
+        path = resolve(model)
+        int8 = path.is_file() and path.suffix.lower() == ".gguf" and dtype == "float32" and rowwise.kernel() is not None
+        runner = build_runner(self.backend, RunnerConfig(model, dtype=dtype, batch_invariant=False,
+                                                         weights_format="gguf-int8" if int8 else None))
+        if head_rows and head_rows < runner.vocab_size:
+            runner.head_rows = runner.model.restrict_head(head_rows)
+        return runner
 
     def verify_chunks(self, n: int) -> list[int]:
         """Batch-invariant: the products the forward would split n rows into anyway, so forwarding

@@ -125,6 +125,25 @@ class QuantTensor:
                 types.append(t)
         self.parts, self.types, self.int8 = parts, types, True
 
+    def first_rows(self, n: int) -> "QuantTensor":
+        """The matrix's first n rows [n, in], sharing its blocks (views, nothing copied). Tiled parts
+        are cut at whole tiles: n is rounded up to a multiple of TILE_ROWS within such a part.
+        Example: parts of 1000 and 24 rows, n = 1010 -> the first part whole and 10 rows of the second."""
+        parts, types, left = [], [], n
+        for p, t in zip(self.parts, self.types):
+            if left <= 0:
+                break
+            tiled = self.int8 and t in TILE_FORMATS and p.dim() == 3  # [rows / 16, blocks, tile bytes]
+            rows = p.shape[0] * TILE_ROWS if tiled else p.shape[0]
+            take = min(rows, -(-left // TILE_ROWS) * TILE_ROWS if tiled else left)
+            parts.append(p[: take // TILE_ROWS] if tiled else p[:take])
+            types.append(t)
+            left -= take
+        out = QuantTensor.__new__(QuantTensor)  # the parts are checked already (and tiles are 3-d)
+        out.parts, out.types, out.int8 = parts, types, self.int8
+        out.shape = torch.Size((n - left, self.shape[1]))
+        return out
+
     @property
     def tiled(self) -> bool:
         """Every block part is int8 tiles (tile_int8): prompts take the kernel's products too."""

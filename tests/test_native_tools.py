@@ -108,3 +108,37 @@ def test_llama_server_peer_decodes_greedily():
         method.close()
     assert 0 < len(run.token_ids) <= 8 and run.token_ids == again.token_ids
     assert run.wall_time > 0 and 0 < run.ttft <= run.wall_time
+
+
+def test_llama_servers_own_speculation_flags_and_peers():
+    """This version's flags (--spec-type is required: without it a draft model is silently unused),
+    the draft-model peers over the grid of longest draft and least confidence, and their needs."""
+    from verispec.bench.llama_server import speculative_flags
+
+    assert speculative_flags("draft-simple", Path("d.gguf"), 4, 0.5) == [
+        "--spec-type", "draft-simple", "-md", "d.gguf", "--spec-draft-n-max", "4", "--spec-draft-p-min", "0.5"]
+    assert speculative_flags("ngram-mod") == ["--spec-type", "ngram-mod"]
+    grid = {name for name in PEERS if name.startswith("llamacpp_native_draft_")}
+    assert {"llamacpp_native_draft_n2_p0", "llamacpp_native_draft_n4_p0.5", "llamacpp_native_draft_n8_p0.8"} <= grid
+    assert len(grid) == 9 and all(PEERS[n].speculative for n in grid | {"llamacpp_native_ngram"})
+    with pytest.raises(Unavailable, match="draft-model"):
+        PEERS["llamacpp_native_draft_n4_p0.5"].check("smollm2-135m", None)
+
+
+@pytest.mark.skipif(not native.build_dir().joinpath("bin", "llama-server").is_file(),
+                    reason="llama.cpp's native tools are not built for this CPU (make peers)")
+def test_llama_server_drafting_with_a_draft_model_decodes_as_plain():
+    """llama-server's own draft-model decoding (SmolLM2 drafting for itself): greedy, the same tokens as
+    its plain decoding, and fewer forwards than tokens (its drafts were used)."""
+    from verispec.bench.llama_server import LlamaServerMethod, speculative_flags
+
+    path = resolve("smollm2-135m")
+    plain = LlamaServerMethod("llamacpp_native", path, threads=1)
+    spec = LlamaServerMethod("llamacpp_native_draft", path, threads=1, spec_flags=speculative_flags("draft-simple", path, 4, 0.0))
+    try:
+        a, b = plain.run([1, 5, 6, 7], 24, 0.0, 0), spec.run([1, 5, 6, 7], 24, 0.0, 0)
+    finally:
+        plain.close()
+        spec.close()
+    assert a.token_ids == b.token_ids and len(a.token_ids) > 4
+    assert b.target_forwards < len(b.token_ids)

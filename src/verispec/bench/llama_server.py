@@ -1,5 +1,5 @@
-"""llama.cpp's own `llama-server` as a benchmark peer: native plain decoding, over HTTP as its users
-run it.
+"""llama.cpp's own `llama-server` as a benchmark peer: native plain decoding, or its own speculative
+decoding (a draft model, or n-gram drafting), over HTTP as its users run it.
 
 The server is the binary `make peers` builds (verispec.bench.native), started on the target GGUF with
 this process's thread count, one slot and no prompt cache reuse between runs, bound to 127.0.0.1 on a
@@ -28,10 +28,28 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-class LlamaServerMethod:
-    """A real llama-server process on the GGUF target, decoding plainly."""
+def speculative_flags(spec_type: str, draft: Path | None = None, n_max: int | None = None,
+                      p_min: float | None = None) -> list[str]:
+    """llama-server's flags for its own speculative decoding (this version's: `--spec-type` is
+    required, without it a draft model is silently unused): a draft model (`draft-simple`, the
+    draft GGUF in `draft`) or n-gram drafting (`ngram-mod`, ...), with its longest draft and the
+    draft's least confidence to go on drafting."""
+    flags = ["--spec-type", spec_type]
+    if draft is not None:
+        flags += ["-md", str(draft)]
+    if n_max is not None:
+        flags += ["--spec-draft-n-max", str(n_max)]
+    if p_min is not None:
+        flags += ["--spec-draft-p-min", str(p_min)]
+    return flags
 
-    def __init__(self, name: str, gguf_path: Path, threads: int, context: int = 4096, timeout: float = 300.0) -> None:
+
+class LlamaServerMethod:
+    """A real llama-server process on the GGUF target, decoding plainly or with `spec_flags`
+    (`speculative_flags`)."""
+
+    def __init__(self, name: str, gguf_path: Path, threads: int, context: int = 4096, timeout: float = 300.0,
+                 spec_flags: list[str] = ()) -> None:
         try:
             binary = native.tool("llama-server")
         except native.NativeUnavailable as e:
@@ -42,7 +60,9 @@ class LlamaServerMethod:
         port = free_port()
         self.base = f"http://127.0.0.1:{port}"
         cmd = [str(binary), "-m", str(gguf_path), "-t", str(threads), "-c", str(context), "--port", str(port),
-               "--host", "127.0.0.1", "-np", "1", "--no-webui", "--cache-reuse", "0"]
+               "--host", "127.0.0.1", "-np", "1", "--no-webui", "--cache-reuse", "0", *spec_flags]
+        if "-md" in spec_flags:
+            cmd += ["-td", str(threads)]
         self._log = open(native.build_dir() / f"llama-server-{port}.log", "w")
         self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         deadline = time.time() + timeout
@@ -75,7 +95,12 @@ class LlamaServerMethod:
         ttft = timings.get("prompt_ms", 0.0) / 1000
         if tokens and timings.get("predicted_n"):
             ttft += timings["predicted_ms"] / 1000 / timings["predicted_n"]  # the first token's share of generation
-        return Run(tokens, wall, ttft, len(tokens))  # plain decoding: a forward a token, the prompt's included
+        # a forward a token, the prompt's included; where the server drafted, one per step instead
+        # (its timings count the drafts: draft_n proposed, draft_n_accepted kept)
+        forwards = len(tokens)
+        if timings.get("draft_n"):
+            forwards = max(1, len(tokens) - int(timings.get("draft_n_accepted", 0)))
+        return Run(tokens, wall, ttft, forwards)
 
     def close(self) -> None:
         if self._proc.poll() is None:

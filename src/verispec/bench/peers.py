@@ -55,7 +55,7 @@ class Peer:
     speculative: bool  # it drafts (its speed compared with its family's plain decoding)
     build: Callable[[str, str, list[int], str | None], Method]  # (name, model, eos, draft_model)
     needs: str = ""  # "assistant": a same-vocabulary draft model; "llama_cpp": llama-cpp-python and a GGUF target;
-    # "native": llama.cpp's native tools (`make peers`) and a GGUF target
+    # "native": llama.cpp's native tools (`make peers`) and a GGUF target; "native_draft": those and a draft model
 
     def check(self, model: str, draft_model: str | None) -> None:
         """Unavailable where it cannot run here, known without starting its child."""
@@ -65,7 +65,9 @@ class Peer:
             if importlib.util.find_spec("llama_cpp") is None:
                 raise Unavailable("llama-cpp-python is not installed (pip install llama-cpp-python)")
             _gguf(model)
-        if self.needs == "native":
+        if self.needs == "native_draft" and not draft_model:
+            raise Unavailable("no same-vocabulary draft model (--draft-model) for this target")
+        if self.needs in ("native", "native_draft"):
             from verispec.bench import native
 
             try:
@@ -90,12 +92,25 @@ def _llamacpp(lookup: int = 0):
     return build
 
 
-def _llama_server():
+def _llama_server(spec_type: str | None = None, n_max: int | None = None, p_min: float | None = None):
+    """llama-server on the target: plain, or its own speculative decoding (`spec_type`: draft-simple
+    with --draft-model, or an n-gram kind)."""
     def build(name: str, model: str, eos: list[int], draft_model: str | None) -> Method:
-        from verispec.bench.llama_server import LlamaServerMethod
+        from verispec.bench.llama_server import LlamaServerMethod, speculative_flags
 
-        return LlamaServerMethod(name, _gguf(model), torch.get_num_threads())
+        flags: list[str] = []
+        if spec_type is not None:
+            if spec_type == "draft-simple" and not draft_model:
+                raise Unavailable("no same-vocabulary draft model (--draft-model) for this target")
+            draft = _gguf(draft_model) if spec_type == "draft-simple" else None
+            flags = speculative_flags(spec_type, draft, n_max, p_min)
+        return LlamaServerMethod(name, _gguf(model), torch.get_num_threads(), spec_flags=flags)
     return build
+
+
+# llama-server's own draft-model decoding over the grid of its two knobs: the longest draft and the
+# draft's least confidence to go on (llamacpp_native_draft_n4_p0.5); llamacpp_native_draft: the server's defaults
+NATIVE_DRAFT_GRID = [(n, p) for n in (2, 4, 8) for p in (0.0, 0.5, 0.8)]
 
 
 # llama-cpp-python's peers run its Python generation loop (`Llama.generate`): not llama.cpp's native
@@ -107,7 +122,11 @@ PEERS: dict[str, Peer] = {
     "llamacpp": Peer("llama.cpp (peer)", False, _llamacpp(), needs="llama_cpp"),
     "llamacpp_prompt_lookup": Peer("llama.cpp (peer)", True, _llamacpp(lookup=10), needs="llama_cpp"),
     "llamacpp_native": Peer("llama.cpp (native)", False, _llama_server(), needs="native"),
+    "llamacpp_native_draft": Peer("llama.cpp (native)", True, _llama_server("draft-simple"), needs="native_draft"),
+    "llamacpp_native_ngram": Peer("llama.cpp (native)", True, _llama_server("ngram-mod"), needs="native"),
 }
+PEERS.update({f"llamacpp_native_draft_n{n}_p{p:g}": Peer("llama.cpp (native)", True, _llama_server("draft-simple", n, p),
+                                                        needs="native_draft") for n, p in NATIVE_DRAFT_GRID})
 
 
 class PeerFailed(Exception):

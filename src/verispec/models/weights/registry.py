@@ -8,7 +8,7 @@ from pathlib import Path
 
 from verispec.errors import ModelNotFoundError
 from verispec.models.cache import cache_root, file_key, memoised
-from verispec.models.weights import chunked
+from verispec.models.weights import chunked, hub
 from verispec.models.weights.hf import LoadedModel, load_hf_folder
 from verispec.models.weights.loaders import load_gguf, load_gguf_blocks
 
@@ -44,7 +44,7 @@ BUNDLED.update({name: (lambda name=name: chunked.fetch(name)) for name in chunke
 
 
 def resolve(name: str) -> Path:
-    """A bundled short name, a .gguf file or a Hugging Face folder -> its path."""
+    """A bundled short name, a .gguf file, a Hugging Face folder or a hub id (models/weights/hub.py) -> its path."""
     if name in BUNDLED:
         path = BUNDLED[name]()
         if not path.exists():
@@ -53,9 +53,11 @@ def resolve(name: str) -> Path:
     path = Path(name).expanduser()
     if path.is_file() or path.is_dir():
         return path
+    if hub.is_hub_id(name):
+        return hub.resolve_hub(name)
     raise ModelNotFoundError(
         f"unknown model {name!r}: not a bundled model ({', '.join(BUNDLED)}), "
-        "nor an existing .gguf file or Hugging Face folder"
+        "nor an existing .gguf file or Hugging Face folder, nor a hub id (org/repo or org/repo:quant)"
     )
 
 

@@ -155,3 +155,42 @@ def test_oversized_bodies_get_413_before_parsing_and_health_stays_quick(tiny_dir
         t.join()
         assert answer[0].status_code == 400 and answer[0].json()["error"]["code"] == "context_length_exceeded"
         assert max(waits) < 0.5, waits
+
+
+def test_kv_budget_admits_what_fits_and_loses_nothing(tiny_dir):
+    """Requests whose worst-case KV caches (prompt + max_tokens positions, target's and draft
+    model's) would overrun kv_cache_max_bytes wait, oldest first, and all finish with the tokens
+    they get alone; one larger than the whole budget is refused with a clear error."""
+    from verispec.engine.scheduler import Scheduler
+    from verispec.errors import ContextLengthError
+
+    model = str(tiny_dir("llama"))
+    llm = LLM(model, speculative={"method": "draft_model", "draft_model": str(tiny_dir("llama", seed=7)),
+                                  "num_speculative_tokens": 3, "adaptive_k": False})
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    prompts = [[1, 5 + i, 6, 7, 8] for i in range(5)]
+    alone = [llm.generate([p], params)[0].token_ids for p in prompts]
+    need = llm.decoder.kv_bytes(25)
+    assert need == 25 * 2 * sum(r.config.num_layers * r.config.num_kv_heads * r.config.head_dim * 4
+                                for r in (llm.runner, llm.decoder.proposer.runner))
+    scheduler = Scheduler(llm.decoder, max_num_seqs=8, max_waiting=8, kv_budget=2 * need + need // 2)
+    outs, most = {}, 0
+    handles = [scheduler.submit(p, params, lambda e: outs.setdefault(e.handle.id, e) if e.finished else None) for p in prompts]
+    while len(outs) < len(prompts):
+        scheduler.step()
+        most = max(most, scheduler.num_running)
+        assert scheduler.kv_reserved <= scheduler.kv_budget
+    assert most == 2  # two fit at a time, not three
+    assert [h.output_ids for h in handles] == alone and scheduler.kv_reserved == 0
+    with pytest.raises(ContextLengthError, match="KV cache.*kv_cache_max_bytes"):
+        scheduler.submit([1, 5, 6], SamplingParams(max_tokens=80), lambda e: None)
+
+
+def test_a_request_larger_than_the_kv_budget_gets_400(tiny_dir):
+    app = create_app(EngineConfig(model=str(tiny_dir("llama")), kv_cache_max_bytes=200_000), ServerConfig(served_model_name="tiny"))
+    with server_thread(app) as base:
+        wait_healthy(base)
+        body = {"model": "tiny", "prompt": "w5 w6", "max_tokens": 4, "ignore_eos": True}
+        assert httpx.post(base + "/v1/completions", json=body, timeout=60).status_code == 200
+        r = httpx.post(base + "/v1/completions", json={**body, "max_tokens": 400}, timeout=60)
+        assert r.status_code == 400 and "kv_cache_max_bytes" in r.json()["error"]["message"]

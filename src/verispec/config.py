@@ -324,6 +324,10 @@ class EngineConfig:
         "request's tokens never depend on what was cached (torch backend, batch_invariant)",
     )
     prefix_cache_max_bytes: int = opt(2**30, "memory for cached prefixes; least recently used blocks leave first")
+    kv_cache_max_bytes: int | None = opt(
+        2**32, "memory the running requests' KV caches (target's and draft model's) may fill, each request counted "
+        "at its worst case (prompt + max_tokens): requests wait for room in arrival order (the server answers 503 only "
+        "when the waiting queue is full; a request larger than the whole budget gets 400); none = no bound")
     enable_chunked_prefill: bool = opt(
         False,
         "prefill prompts a chunk of rows at a time between decoding steps, so running streams keep their "
@@ -344,7 +348,7 @@ class EngineConfig:
         if (self.enable_prefix_caching or self.enable_chunked_prefill) and not self.batch_invariant:
             raise ConfigError("prefix caching and chunked prefill need batch_invariant on "
                               "(keys and values must not depend on how a prompt is split)")
-        for name in ("max_model_len", "num_threads", "max_num_seqs", "prefix_cache_max_bytes"):
+        for name in ("max_model_len", "num_threads", "max_num_seqs", "prefix_cache_max_bytes", "kv_cache_max_bytes"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")

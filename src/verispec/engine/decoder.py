@@ -40,7 +40,7 @@ from verispec.engine.stops import StopChecker
 from verispec.errors import (ContextLengthError, InvalidPromptError, InvalidSamplingParamsError,
                              InvalidSpeculativeConfigError)
 from verispec.proposers.base import Draft, Proposer, SequenceView
-from verispec.runners.base import BatchItem, ModelRunner
+from verispec.runners.base import BatchItem, ModelRunner, kv_bytes_per_token
 from verispec.sampling.processors import greedy_tokens, logits_to_probs
 from verispec.sampling.rejection import greedy_accept, rejection_sample
 from verispec.sampling.tree import greedy_tree_verify, tree_rejection_sample
@@ -382,6 +382,12 @@ class SpeculativeDecoder:
             req.finish_reason = result.finish_reason
             req.text_end = result.text_end
         return kept
+
+    def kv_bytes(self, positions: int) -> int:
+        """Bytes of KV cache a request of this many positions fills at most: the target's, and its
+        draft model's where the drafter runs one."""
+        runners = [self.target] + ([self.proposer.runner] if self.proposer is not None and self.proposer.runner is not None else [])
+        return positions * sum(kv_bytes_per_token(r) for r in runners)
 
     # -- checks -------------------------------------------------------------------------------
     def check_prompt(self, prompt_ids: list[int], params: SamplingParams) -> None:

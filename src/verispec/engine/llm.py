@@ -130,7 +130,7 @@ class LLM:
         """Every prompt's n completions through one scheduler, stepped on this thread."""
         total = sum(p.n for p in params)
         scheduler = Scheduler(self.decoder, max_num_seqs=self.config.max_num_seqs, max_waiting=total,
-                              chunked_prefill=self.config.enable_chunked_prefill)
+                              chunked_prefill=self.config.enable_chunked_prefill, kv_budget=self.config.kv_cache_max_bytes)
         errors: list[Exception] = []
         progress = None
         if use_tqdm:

@@ -3,8 +3,10 @@
 The scheduler owns a bounded waiting queue and the running batch. One `step()`:
 
   1. retire   aborted requests leave (their caches are freed at once);
-  2. admit    waiting requests join while the batch has room: prefill, first token out; with
-              chunked prefill they only open their caches here, and
+  2. admit    waiting requests join while the batch has room and the KV budget allows their
+              worst case (prompt + max_tokens positions, target's and drafter's keys and values:
+              `kv_budget`; the oldest waits first, nothing is dropped): prefill, first token out;
+              with chunked prefill they only open their caches here, and
   3. prefill  the oldest admitted request forwards one chunk of its prompt (chunked prefill):
               running streams wait one chunk per step, not a whole long prompt;
   4. decode   one `step_batch` over every running request: each drafts its own k (zero
@@ -29,7 +31,7 @@ from typing import Callable
 from verispec.config import SamplingParams
 from verispec.engine.metrics import RequestMetrics
 from verispec.engine.decoder import Request, SpeculativeDecoder
-from verispec.errors import QueueFullError, VerispecError
+from verispec.errors import ContextLengthError, QueueFullError, VerispecError
 
 log = logging.getLogger("verispec")
 
@@ -51,6 +53,7 @@ class Handle:
     params: SamplingParams
     on_event: Callable[[Event], None]
     submitted: float = field(default_factory=time.perf_counter)
+    kv_bytes: int = 0  # the most KV cache it may fill (prompt + max_tokens positions), reserved while admitted
     req: Request | None = None  # set when admitted
     aborted: bool = False
     done: bool = False
@@ -82,8 +85,13 @@ class Scheduler:
         max_waiting: int = 64,
         on_retire: Callable[[Handle], None] | None = None,
         chunked_prefill: bool = False,
+        kv_budget: int | None = None,
     ) -> None:
+        """`kv_budget`: bytes of KV cache the admitted requests may fill at most, each counted at
+        its worst case (None: no bound)."""
         self.decoder = decoder
+        self.kv_budget = kv_budget
+        self.kv_reserved = 0  # the admitted requests' worst cases
         self.max_num_seqs = max_num_seqs
         self.max_waiting = max_waiting
         self.on_retire = on_retire  # called once per request that leaves (finished, aborted, failed)
@@ -99,10 +107,15 @@ class Scheduler:
     def submit(self, prompt_ids: list[int], params: SamplingParams, on_event: Callable[[Event], None]) -> Handle:
         """Queue a request. Raises the decoder's typed errors for a bad prompt, QueueFullError when full."""
         self.decoder.check_prompt(prompt_ids, params)
+        need = self.decoder.kv_bytes(len(prompt_ids) + params.max_tokens)
+        if self.kv_budget is not None and need > self.kv_budget:
+            raise ContextLengthError(
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) needs {need / 2**20:.1f} MiB of KV "
+                f"cache, more than the engine's whole budget (kv_cache_max_bytes = {self.kv_budget / 2**20:.1f} MiB)")
         with self._lock:
             if len(self.waiting) >= self.max_waiting:
                 raise QueueFullError(f"the waiting queue is full ({self.max_waiting} requests); retry later")
-            handle = Handle(next(self._ids), list(prompt_ids), params, on_event)
+            handle = Handle(next(self._ids), list(prompt_ids), params, on_event, kv_bytes=need)
             self.waiting.append(handle)
             self._wakeup.notify()
         return handle
@@ -147,7 +160,10 @@ class Scheduler:
             with self._lock:
                 if not self.waiting:
                     break
+                if self.kv_budget is not None and self.kv_reserved + self.waiting[0].kv_bytes > self.kv_budget:
+                    break  # the oldest waits for memory (none behind it overtakes: no starvation)
                 handle = self.waiting.popleft()
+                self.kv_reserved += handle.kv_bytes
             self._admit(handle)
         # 3. prefill one chunk
         if self.prefilling:
@@ -176,6 +192,7 @@ class Scheduler:
         except Exception as e:  # begin frees what it took before raising
             if not isinstance(e, VerispecError):
                 log.exception("admitting request %d failed", handle.id)
+            self.kv_reserved -= handle.kv_bytes
             handle.done = True
             self._send(handle, Event(handle, [], finished=True, error=e))
             if self.on_retire is not None:
@@ -212,6 +229,7 @@ class Scheduler:
     def _retire(self, handle: Handle) -> None:
         (self.running if handle in self.running else self.prefilling).remove(handle)
         self.decoder.finish(handle.req)
+        self.kv_reserved -= handle.kv_bytes
         handle.done = True
         if self.on_retire is not None:
             self.on_retire(handle)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
+from verispec.models.config import ModelConfig
 from verispec.models.decoder.transformer import ForwardOutput
 from verispec.models.tokenizers.tokenizer import Tokenizer
 from verispec.runners.costs import CostCurve
@@ -57,6 +58,7 @@ class ModelRunner(Protocol):
     weight_bytes: int  # bytes of weights a one-token forward reads (decoding is bound by this)
     weights_format: str  # the weights' arithmetic on this backend (its registry's weights_formats)
     kv_bytes_per_value: float  # bytes its KV cache takes per key or value element
+    config: ModelConfig  # the model's shape (layers, heads: what a position of its KV cache holds)
 
     def open(self, capacity: int) -> int:
         """Open a sequence able to hold `capacity` tokens; returns its id."""
@@ -114,3 +116,10 @@ class ModelRunner(Protocol):
 def vocab_fingerprint(runner: ModelRunner) -> str:
     """The `vocab_fingerprint` every runner reports: its logits' width and its tokenizer's vocabulary."""
     return f"{runner.vocab_size}:{runner.tokenizer.vocab_fingerprint()}"
+
+
+def kv_bytes_per_token(runner: ModelRunner) -> int:
+    """Bytes of keys and values one position of a sequence holds in the runner's cache (every layer
+    keeps every position: sliding-window layers too, so any rollback stays possible)."""
+    c = runner.config
+    return int(2 * c.num_layers * c.num_kv_heads * c.head_dim * runner.kv_bytes_per_value)

@@ -59,7 +59,7 @@ class AsyncEngine:
             engine = build_engine(c)
             s = self.server_config
             scheduler = Scheduler(engine.decoder, c.max_num_seqs, s.max_waiting, on_retire=self.metrics.on_retire,
-                                  chunked_prefill=c.enable_chunked_prefill)
+                                  chunked_prefill=c.enable_chunked_prefill, kv_budget=c.kv_cache_max_bytes)
             self.metrics.bind(
                 lambda: scheduler.num_running,
                 lambda: scheduler.num_waiting,

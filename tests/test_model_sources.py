@@ -95,7 +95,7 @@ def test_humaneval_questions_are_read_where_they_lie():
 
     qs = questions("humaneval")
     assert len(qs) == 164 and {q["category"] for q in qs} == {"humaneval"}
-    assert qs[0]["question_id"] == "HumanEval/0" and "def has_close_elements" in qs[0]["turns"][0]
+    assert (qs[0]["question_id"], qs[0]["task_id"]) == (0, "HumanEval/0") and "def has_close_elements" in qs[0]["turns"][0]
     assert question_set_name("humaneval") == "HumanEval"
 
 

@@ -151,5 +151,5 @@ def humaneval() -> list[dict]:
             rows = [json.loads(line) for line in f if line.strip()]
     except (OSError, json.JSONDecodeError) as e:
         raise DataNotFoundError(f"cannot read HumanEval's problems from {path}: {e}") from e
-    return [{"question_id": r["task_id"], "category": "humaneval", "turns": [HUMANEVAL_ASK.format(prompt=r["prompt"])]}
-            for r in rows]
+    return [{"question_id": int(r["task_id"].rsplit("/", 1)[1]), "task_id": r["task_id"], "category": "humaneval",
+             "turns": [HUMANEVAL_ASK.format(prompt=r["prompt"])]} for r in rows]

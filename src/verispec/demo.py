@@ -1,8 +1,9 @@
 """`verispec demo`: the bundled model decodes a few prompts plainly and speculatively, side by side
 (interleaved per prompt), and shows whether the outputs are identical and the speedup. The prompts
 are the project's own (verispec.prompts: Spec-Bench's six kinds of task), or a question file.
-Drafters: --method, or by default prompt lookup and, where verispec ships an EAGLE-3 head for the
-model (heads/), eagle3 with that head: no training needed."""
+Drafters: --method; with --draft-model, prompt lookup and that draft model; or by default prompt
+lookup and, where verispec ships an EAGLE-3 head for the model (heads/), eagle3 with that head: no
+training needed."""
 
 from __future__ import annotations
 
@@ -20,12 +21,14 @@ DEFAULT_METHODS = ("prompt_lookup", "eagle3")  # the demo's drafters, each where
 
 
 def demo_methods(args: argparse.Namespace, runner) -> list[str]:
-    """--method where given; else the default methods that draft for this model as it is (eagle3
-    where verispec ships a head for it)."""
+    """--method where given; prompt lookup and the draft model where --draft-model is; else the
+    default methods that draft for this model as it is (eagle3 where verispec ships a head for it)."""
     from verispec.engine.assembly import ready_methods
 
     if args.method:
         return [args.method]
+    if args.draft_model:  # a draft model given: it drafts (and prompt lookup beside it)
+        return ["prompt_lookup", "draft_model"]
     ready = ready_methods(runner)
     return [m for m in DEFAULT_METHODS if m in ready]
 

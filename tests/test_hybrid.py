@@ -44,8 +44,8 @@ def test_model_drafts_that_cannot_pay_are_left_out(reference, tiny_dir, monkeypa
     hybrid = llm.engine.proposer
     assert hybrid.kind_cost("model") == pytest.approx(1.0) and hybrid.kind_cost("request:long") == 0
     asked = []
-    real = hybrid.model.propose
-    monkeypatch.setattr(hybrid.model, "propose", lambda seq, k: asked.append(k) or real(seq, k))
+    real = hybrid.model.propose_batch
+    monkeypatch.setattr(hybrid.model, "propose_batch", lambda seqs, budgets: asked.extend(budgets) or real(seqs, budgets))
     assert [o.token_ids for o in llm.generate(ps, params)] == ref
     assert asked == []
     assert hybrid.stats["request"] + hybrid.stats["global"] > 0, dict(hybrid.stats)
@@ -89,7 +89,7 @@ def test_suffix_drafts_are_sized_by_their_path_probabilities_the_models_by_its_r
     for source, rate in (("suffix", 8), ("model", 8), ("model", 0)):
         req = dec.start([1] + [30, 31, 32, 33, 34, 35] * 4, params)
         budgets = []
-        monkeypatch.setattr(hybrid, "propose", lambda seq, budget, d=drafts[source]: budgets.append(budget) or d)
+        monkeypatch.setattr(hybrid, "propose_batch", lambda seqs, bs, d=drafts[source]: budgets.extend(bs) or [d])
         for _ in range(6):  # each kind's rate: all 8 accepted (or none)
             req.estimates[drafts[source].kind].observe(8, rate)
         got = dec._propose([req])[0]

@@ -71,22 +71,37 @@ class HybridProposer(Proposer):
         self.model.begin(seq)
 
     def propose(self, seq: SequenceView, budget: Budget) -> Draft:
+        return self.propose_batch([seq], [budget])[0]
+
+    def propose_batch(self, seqs: list[SequenceView], budgets: list[Budget]) -> list[Draft]:
         """Suffix's draft if confident, else the model's (if its kind pays), else suffix's all the
         same (free); else nothing. Suffix's drafts carry their path probabilities: the policy sizes
-        them as suffix decoding's alone, the model's by its kind's rate."""
-        pick = self.suffix.candidate(seq, budget.depth)
-        if pick is not None and pick.score >= self.min_score:
-            return self._suffix(seq, pick)
-        k_model = budget.pays("model")  # model tokens cost: only as many as pay
-        if k_model > 0:
-            self._last[seq.request_id] = self.model
-            self.stats["model"] += 1
-            chain = Budget.chain(k_model, lambda kind, probs: budget.worth("model", probs))
-            return dataclasses.replace(self.model.propose(seq, chain), kind="model")
-        if pick is not None:
-            return self._suffix(seq, pick)
-        self.stats["none"] += 1
-        return Draft(tokens=[])
+        them as suffix decoding's alone; the model drafts for all the requests that asked it at
+        once (its `propose_batch`), each within its kind's k and stopped where its kind's
+        calibrated confidence says (`Budget.worth`)."""
+        drafts: list[Draft | None] = []
+        asked, chains = [], []  # the requests the model drafts for, and their budgets
+        for i, (seq, budget) in enumerate(zip(seqs, budgets)):
+            pick = self.suffix.candidate(seq, budget.depth)
+            if pick is not None and pick.score >= self.min_score:
+                drafts.append(self._suffix(seq, pick))
+                continue
+            k_model = budget.pays("model")  # model tokens cost: only as many as pay
+            if k_model > 0:
+                self._last[seq.request_id] = self.model
+                self.stats["model"] += 1
+                asked.append(i)
+                chains.append(Budget.chain(k_model, lambda kind, probs, b=budget: b.worth("model", probs)))
+                drafts.append(None)
+            elif pick is not None:
+                drafts.append(self._suffix(seq, pick))
+            else:
+                self.stats["none"] += 1
+                drafts.append(Draft(tokens=[]))
+        if asked:
+            for i, draft in zip(asked, self.model.propose_batch([seqs[i] for i in asked], chains)):
+                drafts[i] = dataclasses.replace(draft, kind="model")
+        return drafts  # type: ignore[return-value]
 
     def _suffix(self, seq: SequenceView, pick) -> Draft:
         self._last[seq.request_id] = self.suffix

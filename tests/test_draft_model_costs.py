@@ -114,3 +114,27 @@ def test_draft_cost_and_head_rows_are_checked():
     for bad in ({"draft_cost": -1.0}, {"draft_cost": "cheap"}, {"draft_head_rows": -5}, {"draft_head_rows": 1.5}):
         with pytest.raises(InvalidSpeculativeConfigError, match=next(iter(bad))):
             SpeculativeConfig(method="draft_model", draft_model="x", **bad)
+
+
+@needs_kernels
+def test_a_draft_window_bounds_the_catch_up_and_changes_no_token(synthetic):
+    path = str(synthetic)
+    prompts = [list(range(3, 80)), list(range(100, 170))]
+    params = SamplingParams(max_tokens=30, temperature=0.0)
+    plain = [o.outputs[0].token_ids for o in LLM(path).generate(prompts, params)]
+    spec = {"method": "draft_model", "draft_model": path, "num_speculative_tokens": 4, "adaptive_k": False, "draft_window": 16}
+    llm = LLM(path, speculative=spec)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == plain
+    proposer = llm.decoder.proposer
+    view = SequenceView(7, list(prompts[0]), len(prompts[0]), params, None, len(prompts[0]) + 30)
+    proposer.begin(view)
+    draft = proposer.propose(view, Budget.chain(4))
+    sid = proposer._seqs[7]
+    assert proposer.runner.length(sid) == 16 + len(draft) - 1  # the prompt's last 16 tokens, then the drafts fed
+    proposer.accept(view, 2)
+    assert proposer.runner.length(sid) == 16 + 2
+    view.tokens += draft.tokens[:2] + [5]
+    assert proposer._catch_up(view) == [5]
+    view.tokens += list(range(200, 240))  # lagging by more than the window: afresh from the last 16
+    assert proposer._catch_up(view) == view.tokens[-16:] and proposer.runner.length(sid) == 0
+    proposer.end(view)

@@ -183,6 +183,10 @@ class SpeculativeConfig:
         32768, "draft_model: the draft's logits over the vocabulary's first N token ids only (a BPE vocabulary lists "
         "its tokens about most frequent first; the draft then never proposes the rest, which the target still "
         "writes itself): a cheaper draft step on a large vocabulary; 0 = the whole vocabulary")
+    draft_window: int = opt(
+        256, "draft_model: the most tokens the draft catches up on at once: a longer prompt (or a longer stretch "
+        "without drafts) restarts the draft's cache from the request's last N tokens, so its prefill stays short "
+        "(the draft reads less context; the output never changes); 0 = the whole context")
     draft_cost: float | None = opt(
         None, "draft_model: a draft token's price in one-token target forwards, which adaptive k weighs drafts "
         "against (default: the two models' forwards timed once per machine and pair, then read from the verispec cache)")
@@ -234,9 +238,10 @@ class SpeculativeConfig:
             raise InvalidSpeculativeConfigError(f"num_speculative_tokens must be in 1..64, got {k!r}")
         if self.method is not None and not isinstance(self.method, str):
             raise InvalidSpeculativeConfigError(f"method must be a string, got {self.method!r}")
-        rows = self.draft_head_rows
-        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
-            raise InvalidSpeculativeConfigError(f"draft_head_rows must be an integer >= 0, got {rows!r}")
+        for name in ("draft_head_rows", "draft_window"):
+            rows = getattr(self, name)
+            if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+                raise InvalidSpeculativeConfigError(f"{name} must be an integer >= 0, got {rows!r}")
         if self.draft_cost is not None and (isinstance(self.draft_cost, bool) or not isinstance(self.draft_cost, (int, float))
                                             or not 0 <= self.draft_cost < 100):
             raise InvalidSpeculativeConfigError(f"draft_cost must be a number in [0, 100), got {self.draft_cost!r}")

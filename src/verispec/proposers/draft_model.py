@@ -6,6 +6,9 @@ requests; otherwise sampled from the same processed distribution the verifier wi
 `accept` rolls the cache back to the tokens the target kept. A running batch drafts together:
 one draft forward per draft position for every request still drafting (`propose_batch`).
 
+A long context costs the draft a prefill of its own: it catches up on at most `draft_window` tokens
+at once (starting its cache afresh from the request's last ones where it lags further).
+
 Example, k = 3: tokens t0..t9 (t9 not yet seen by the target), drafter cache holds t0..t8.
 propose feeds [t9] -> d1, [d1] -> d2, [d2] -> d3; the cache now holds t0..t9 d1 d2.
 accept(1): the target kept d1, so the cache is cut to t0..t9 d1 (length 11).
@@ -40,11 +43,13 @@ from verispec.sampling.processors import logits_to_probs, sample_from_probs
 class DraftModelProposer(Proposer):
     draft_model_kind = "model"
 
-    def __init__(self, runner, relative_cost: float, vocab_size: int) -> None:
+    def __init__(self, runner, relative_cost: float, vocab_size: int, window: int = 0) -> None:
         self.runner = runner
         self.relative_cost = relative_cost  # a draft token in one-token target forwards
         self.vocab_size = vocab_size  # the target's: a sampled draft's q spans it (zeros past the draft's head)
+        self.window = window  # the most tokens the draft catches up on at once (0: all)
         self._seqs: dict[int, int] = {}  # request id -> drafter sequence id
+        self._offset: dict[int, int] = {}  # request id -> the request's first token the draft's cache holds
         self._drafted_from: dict[int, int] = {}  # request id -> len(tokens) at the last propose
 
     @classmethod
@@ -52,7 +57,7 @@ class DraftModelProposer(Proposer):
         runner = target.build_drafter(config.draft_model, head_rows=config.draft_head_rows)
         check_same_vocabulary(target, runner)
         cost = config.draft_cost if config.draft_cost is not None else cached_relative_cost(runner, target)
-        return cls(runner, cost, target.vocab_size)
+        return cls(runner, cost, target.vocab_size, config.draft_window)
 
     def begin(self, seq: SequenceView) -> None:
         if seq.capacity > self.runner.max_context:
@@ -61,6 +66,7 @@ class DraftModelProposer(Proposer):
                 f"{self.runner.max_context} tokens"
             )
         self._seqs[seq.request_id] = self.runner.open(seq.capacity)
+        self._offset[seq.request_id] = 0
 
     def propose(self, seq: SequenceView, budget: Budget) -> Draft:
         return self.propose_batch([seq], [budget])[0]
@@ -73,9 +79,8 @@ class DraftModelProposer(Proposer):
         limit, feed, paths, probs = {}, {}, {}, {}  # by index into seqs, for the requests drafting
         for i, (seq, budget) in enumerate(zip(seqs, budgets)):
             if budget.depth > 0 and budget.pays("") > 0:  # each token costs a draft forward
-                sid = self._seqs[seq.request_id]
                 limit[i] = budget.depth  # the longest draft that could pay; confidence stops it sooner
-                feed[i] = seq.tokens[self.runner.length(sid):]  # >= 1 token: the drafter never holds the last one
+                feed[i] = self._catch_up(seq)
                 paths[i], probs[i] = [], []
                 self._drafted_from[seq.request_id] = len(seq.tokens)
         while feed:
@@ -118,16 +123,29 @@ class DraftModelProposer(Proposer):
                 draft.probs = torch.nn.functional.pad(q, (0, self.vocab_size - q.shape[1])) if q.shape[1] < self.vocab_size else q
         return drafts
 
+    def _catch_up(self, seq: SequenceView) -> list[int]:
+        """The request's tokens the draft's cache lacks (>= 1: it never holds the last one). Where
+        they are more than `window` (a long prompt, or many steps without drafts), the cache starts
+        afresh from the request's last `window` tokens: a draft only proposes, so it may read less
+        of the context, and its catch-up stays a bounded cost."""
+        rid, sid = seq.request_id, self._seqs[seq.request_id]
+        held = self._offset[rid] + self.runner.length(sid)
+        if self.window and len(seq.tokens) - held > self.window:
+            self.runner.truncate(sid, 0)
+            held = self._offset[rid] = len(seq.tokens) - self.window
+        return seq.tokens[held:]
+
     def accept(self, seq: SequenceView, num_accepted: int) -> None:
         sid = self._seqs[seq.request_id]
-        before = self._drafted_from[seq.request_id]
-        # the cache holds tokens[:before] + draft[:n-1] (fewer where drafting stopped early); keep
-        # tokens[:before] + the accepted ones
+        before = self._drafted_from[seq.request_id] - self._offset[seq.request_id]
+        # the cache holds tokens[offset:before] + draft[:n-1] (fewer where drafting stopped early);
+        # keep tokens[offset:before] + the accepted ones
         self.runner.truncate(sid, min(self.runner.length(sid), before + num_accepted))
 
     def end(self, seq: SequenceView) -> None:
         sid = self._seqs.pop(seq.request_id, None)
         self._drafted_from.pop(seq.request_id, None)
+        self._offset.pop(seq.request_id, None)
         if sid is not None:
             self.runner.close(sid)
 

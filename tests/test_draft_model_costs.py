@@ -138,3 +138,17 @@ def test_a_draft_window_bounds_the_catch_up_and_changes_no_token(synthetic):
     view.tokens += list(range(200, 240))  # lagging by more than the window: afresh from the last 16
     assert proposer._catch_up(view) == view.tokens[-16:] and proposer.runner.length(sid) == 0
     proposer.end(view)
+
+
+def test_a_kind_whose_probes_cost_a_catch_up_is_never_probed():
+    """Once drafting stops paying, the policy probes a free drafter's kind now and then, but never
+    a draft model's (a probe there costs a catch-up on every token missed)."""
+    policy = SpeculationPolicy(4, cost=lambda n: 1 + 0.3 * (n - 1), draft_cost=0.3, probe_every=4)
+    for probes, expect in ((True, True), (False, False)):
+        est = AcceptanceEstimate(accepted=0.0, rejected=5.0)
+        ks = [policy.budget(lambda kind: est, 1, 100, False, kind_probes=lambda kind: probes).pays("") for _ in range(40)]
+        assert (max(ks) > 0) == expect, (probes, ks)
+    from verispec.proposers.draft_model import DraftModelProposer
+    from verispec.proposers.prompt_lookup import PromptLookupProposer
+
+    assert not DraftModelProposer.kind_probes(None, "") and PromptLookupProposer.kind_probes(None, "")

@@ -293,7 +293,7 @@ class SpeculativeDecoder:
             return [Draft(tokens=[]) for _ in reqs]
         early_exit = [req.params.greedy for req in reqs]  # see _verify; the policy weighs the chunks it may skip
         budgets = [self.policy.budget(req.estimates.__getitem__, len(reqs), req.room, exit_, self.tree_nodes if req.processor is None else 0,
-                                      self.proposer.kind_cost) for req, exit_ in zip(reqs, early_exit)]
+                                      self.proposer.kind_cost, self.proposer.kind_probes) for req, exit_ in zip(reqs, early_exit)]
         drafting = [i for i, b in enumerate(budgets) if b.depth > 0]
         drafts = [Draft(tokens=[]) for _ in reqs]
         if drafting:

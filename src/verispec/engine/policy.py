@@ -203,24 +203,30 @@ class SpeculationPolicy:
         return max(rates) / rates[0]
 
     def choose(self, estimate: AcceptanceEstimate, batch_size: int, early_exit: bool = False,
-               draft_cost: float | None = None) -> int:
+               draft_cost: float | None = None, probe: bool = True) -> int:
         if self.max_k == 0:
             return 0
         if self.disable_by_batch_size is not None and batch_size > self.disable_by_batch_size:
             return 0
         if not self.adaptive:
             return self.max_k
-        return self._paying(self.best_k(estimate.rate, early_exit, draft_cost), estimate, early_exit, draft_cost)
+        k = self.best_k(estimate.rate, early_exit, draft_cost)
+        if k == 0 and not probe:  # a drafter whose probes cost a catch-up: no probing
+            return 0
+        return self._paying(k, estimate, early_exit, draft_cost)
 
     def budget(self, estimate_of: Callable[[str], AcceptanceEstimate], batch_size: int, room: int,
-               early_exit: bool, nodes: int = 0, kind_cost: Callable[[str], float] | None = None) -> Budget:
+               early_exit: bool, nodes: int = 0, kind_cost: Callable[[str], float] | None = None,
+               kind_probes: Callable[[str], bool] | None = None) -> Budget:
         """What a drafter may propose for one request at this step (proposers/base.py's Budget).
 
         A chain is as long as the policy's longest paying draft (k at acceptance 1) and `room`
         (tokens the request can still emit); a tree (`nodes` > 0) as deep as max_k, its nodes sized
         after drafting (`size`). `pays(kind)` is the k a draft of that kind pays for now, from the
         kind's own estimate (`estimate_of`) and draft cost (`kind_cost`; None: `draft_cost`), asked
-        once per kind and step (choose() counts steps for probing)."""
+        once per kind and step (choose() counts steps for probing). A kind whose probes cost more
+        than their tokens (`kind_probes` False: a draft model's catch-up on the tokens it missed) is
+        never probed: once it stops paying, the request decodes without it."""
         if nodes:
             depth, nodes = min(self.max_k, room), min(nodes, room)
         else:
@@ -231,7 +237,8 @@ class SpeculationPolicy:
         def pays(kind: str) -> int:
             if kind not in chosen:
                 cost = None if kind_cost is None else kind_cost(kind)
-                chosen[kind] = min(self.choose(estimate_of(kind), batch_size, early_exit, cost), depth)
+                probe = kind_probes is None or kind_probes(kind)
+                chosen[kind] = min(self.choose(estimate_of(kind), batch_size, early_exit, cost, probe), depth)
             return chosen[kind]
 
         def worth(kind: str, path_probs: list[float]) -> bool:

@@ -213,6 +213,11 @@ class Proposer:
         """A draft token's cost for drafts of `kind` (a hybrid's kinds cost differently)."""
         return self.relative_cost
 
+    def kind_probes(self, kind: str) -> bool:
+        """Whether the policy may probe drafts of `kind` after they stopped paying: not where a
+        probe costs a catch-up (a draft model feeding its cache the tokens it missed meanwhile)."""
+        return True
+
     def begin(self, seq: SequenceView) -> None:
         """A new request; `seq.tokens` is its prompt."""
 

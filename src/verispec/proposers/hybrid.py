@@ -58,6 +58,10 @@ class HybridProposer(Proposer):
         nothing (suffix decoding's index lookups)."""
         return self.model.relative_cost if kind == "model" else 0.0
 
+    def kind_probes(self, kind: str) -> bool:
+        """The model drafter's own answer for its kind; suffix's drafts are free to probe."""
+        return self.model.kind_probes("") if kind == "model" else True
+
     @property
     def memory_bytes(self) -> int:
         return self.suffix.memory_bytes

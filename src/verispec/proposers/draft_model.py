@@ -96,11 +96,9 @@ class DraftModelProposer(Proposer):
                 logits = out.logits  # [1, head rows]
                 if seq.params.greedy:
                     q = torch.softmax(logits[0], dim=-1)  # the draft's own confidence, at temperature 1
-                else:
-                    q = logits_to_probs(logits, seq.params.temperature, seq.params.top_k, seq.params.top_p)[0]
-                if seq.params.greedy:
                     token = int(logits[0].argmax())
                 else:
+                    q = logits_to_probs(logits, seq.params.temperature, seq.params.top_k, seq.params.top_p)[0]
                     token = int(sample_from_probs(q[None], seq.generator)[0])
                 path = paths[i]
                 path.append((path[-1] if path else 1.0) * confidence(q, token))

@@ -47,7 +47,7 @@ from verispec.models.kernels.rowwise import cpu_name
 from verispec.models.decoder.transformer import ForwardOutput
 from verispec.models.kernels.quant import Q8_0_BYTES, Q8_0_VALUES
 from verispec.models.weights.registry import resolve
-from verispec.runners.base import BatchItem, RunnerCapabilities, vocab_fingerprint
+from verispec.runners.base import BatchItem, RunnerCapabilities, kv_bytes_per_token, vocab_fingerprint
 from verispec.runners.costs import CostCurve, interpolated, split_cost
 from verispec.runners.registry import RunnerConfig, build_runner, register_backend
 
@@ -264,9 +264,7 @@ class LlamaCppRunner:
     @property
     def cache_bytes(self) -> int:
         """Bytes of KV cache the open sequences' tokens fill (of llama.cpp's preallocated cells)."""
-        c = self.config
-        per_token = int(2 * c.num_layers * c.num_kv_heads * c.head_dim * self.kv_bytes_per_value)  # keys and values
-        return per_token * sum(list(self._lengths.values()))
+        return kv_bytes_per_token(self) * sum(list(self._lengths.values()))
 
     def probe_invariant_rows(self) -> int:
         """The most rows (up to PROBE_ROWS) a decode may hold while every row still gets exactly

@@ -85,7 +85,6 @@ class TorchRunner:
         self._caches: dict[int, KVCache] = {}
         self._ids = itertools.count()
         self.weight_bytes = sum(weight_bytes(w) for w in weights.values())
-        self.head_rows = config.vocab_size  # the logits' width: the vocabulary, or a drafter's first ids (build_drafter)
         self.kv_bytes_per_value = torch.finfo(dtype).bits // 8  # its KV cache holds the activations' dtype
         # every path of the model masks a tree and returns inner layers' states; prompts go through
         # the decoding kernels (split-invariant) under the model's `stack_rows` where the row-wise
@@ -124,6 +123,11 @@ class TorchRunner:
     def batch_invariant(self) -> bool:
         return self.model.batch_invariant
 
+    @property
+    def head_rows(self) -> int:
+        """The logits' width: the vocabulary, or a drafter's first ids (build_drafter)."""
+        return self.model.lm_head.shape[0]
+
     def cost_identity(self) -> str:
         """What this runner's forward cost depends on, beside the machine (runners/costs.py)."""
         variant = self.model.kernel_variant
@@ -146,12 +150,11 @@ class TorchRunner:
         with `head_rows` computes logits over the vocabulary's first ids only
         (Transformer.restrict_head; None or 0: all of them)."""
         dtype = str(self.dtype).removeprefix("torch.")
-        path = resolve(model)
-        int8 = path.is_file() and path.suffix.lower() == ".gguf" and dtype == "float32" and rowwise.kernel() is not None
+        int8 = takes_blocks(resolve(model), self.dtype)
         runner = build_runner(self.backend, RunnerConfig(model, dtype=dtype, batch_invariant=False,
                                                          weights_format="gguf-int8" if int8 else None))
         if head_rows and head_rows < runner.vocab_size:
-            runner.head_rows = runner.model.restrict_head(head_rows)
+            runner.model.restrict_head(head_rows)
         return runner
 
     def verify_chunks(self, n: int) -> list[int]:
@@ -194,6 +197,12 @@ class TorchRunner:
         return sum(c.nbytes() for c in list(self._caches.values()))
 
 
+def takes_blocks(path, dtype: torch.dtype) -> bool:
+    """Whether the kernels can multiply by this model's GGUF blocks: a .gguf file, float32, the
+    row-wise kernels built."""
+    return path.is_file() and path.suffix.lower() == ".gguf" and dtype == torch.float32 and rowwise.kernel() is not None
+
+
 @register_backend("torch", weights_formats=WEIGHTS_FORMATS, variants={"fast": {"batch_invariant": False}},
                   split_invariant_prefill=True)
 def build(config: RunnerConfig) -> TorchRunner:
@@ -201,14 +210,14 @@ def build(config: RunnerConfig) -> TorchRunner:
     if dtype is None:
         raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {config.dtype!r}")
     path = resolve(config.model)
-    gguf = path.is_file() and path.suffix.lower() == ".gguf"
+    blocks = takes_blocks(path, dtype)
     fmt = config.weights_format
-    if fmt in BLOCKS and (not gguf or dtype != torch.float32 or rowwise.kernel() is None):
+    if fmt in BLOCKS and not blocks:
         raise ConfigError(f"weights_format {fmt!r} needs a .gguf model, dtype float32 and the row-wise kernels "
                           f"(model {path.name}, dtype {config.dtype}, kernels {'on' if rowwise.kernel() else 'off'})")
     auto = fmt is None
     if auto:  # the file's blocks wherever the kernels can multiply by them
-        fmt = "gguf" if gguf and dtype == torch.float32 and rowwise.kernel() is not None else "float32"
+        fmt = "gguf" if blocks else "float32"
     try:
         loaded = load_model(config.model, blocks=fmt in BLOCKS, int8=fmt == "gguf-int8")
     except UnsupportedWeightFormatError as e:

@@ -332,16 +332,14 @@ class Transformer:
                 print(f"[verispec] batch invariance: products keep rows apart only up to "
                       f"{self.invariant_width} row(s) here; verification runs in products that narrow", file=sys.stderr)
 
-    def restrict_head(self, rows: int) -> int:
+    def restrict_head(self, rows: int) -> None:
         """Logits of the vocabulary's first `rows` ids only (at least that many: a tiled head is cut
         at whole tiles): a drafter's cheaper head. A BPE vocabulary lists its tokens in merge order,
         roughly most frequent first, so the first ids carry most of what a model writes. The
-        embedding keeps every row. Returns the head's rows."""
-        head = self.lm_head.first_rows(rows) if isinstance(self.lm_head, QuantTensor) else self.lm_head[:rows]
-        self.lm_head = head
+        embedding keeps every row."""
+        self.lm_head = self.lm_head.first_rows(rows) if isinstance(self.lm_head, QuantTensor) else self.lm_head[:rows]
         if self.uses_kernel:
             self._stack = self._kernel_stack()
-        return head.shape[0]
 
     def _kernel_stack(self):
         """Every layer's weights in the kernel's Stack (kernels/layer.cpp): one call runs them all."""
